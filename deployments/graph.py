@@ -1,0 +1,25 @@
+"""The application builder: `import_path: deployments.graph:build_app` in a Serve config YAML.
+
+    ingress ──(unary)──> tokenizer
+       └────(stream)───> llm
+
+The multimodal and vocoder stages plug in here the same way when they land: a stage class in
+`serve_app/stages/`, a deployment in `deployments/`, a handle passed to the ingress.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.serve import Application
+
+from deployments.ingress import Ingress
+from deployments.llm import LLM
+from deployments.tokenizer import Tokenizer
+from serve_app.config import AppArgs, parse_app_args
+
+
+def build_app(args: dict[str, Any] | AppArgs) -> Application:
+    """Validate the YAML `args:` (fails naming the bad field) and bind the graph."""
+    app_args = parse_app_args(args)
+    return Ingress.bind(app_args, Tokenizer.bind(app_args), LLM.bind(app_args))

@@ -1,0 +1,58 @@
+"""`serve_app.ingress.clients` over Ray Serve deployment handles."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+
+from serve_app.errors import OverloadedError
+from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
+
+T = TypeVar("T")
+
+
+def _overloaded(stage: str, exc: BackPressureError) -> OverloadedError:
+    return OverloadedError(f"The {stage} stage is at capacity; retry later. ({exc})", code="overloaded")
+
+
+class HandleTokenizer:
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self._handle = handle
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return await getattr(self._handle, method).remote(*args)
+        except BackPressureError as exc:
+            raise _overloaded("tokenizer", exc) from exc
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        result: TokenizedPrompt = await self._call("tokenize", request)
+        return result
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return str(await self._call("detokenize", token_ids))
+
+    async def check_health(self) -> None:
+        await self._call("ping")
+
+
+class HandleLLM:
+    def __init__(self, handle: DeploymentHandle) -> None:
+        self._handle = handle
+        self._stream = handle.options(stream=True)
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        try:
+            async for chunk in self._stream.generate.remote(request):
+                yield chunk
+        except BackPressureError as exc:
+            raise _overloaded("llm", exc) from exc
+
+    async def check_health(self) -> None:
+        await self._handle.ping.remote()
+
+    async def metrics_text(self) -> str:
+        return str(await self._handle.metrics_text.remote())

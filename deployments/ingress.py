@@ -1,0 +1,27 @@
+"""Ingress deployment: the FastAPI app of `serve_app.ingress`, wired to the stage deployments.
+
+It parses, validates, admits and streams; the CPU-heavy work runs in the tokenizer and llm
+deployments, so this replica's event loop stays free to answer `/health` under load.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from deployments.handles import HandleLLM, HandleTokenizer
+from serve_app.config import AppArgs
+from serve_app.ingress.app import create_app
+from serve_app.ingress.pipeline import Services
+
+
+@serve.deployment(name="ingress", max_ongoing_requests=512, max_queued_requests=1024,
+                  ray_actor_options={"num_cpus": 0.5})  # fmt: skip
+@serve.ingress()
+class Ingress:
+    def __init__(self, args: AppArgs, tokenizer: DeploymentHandle, llm: DeploymentHandle) -> None:
+        self._services = Services.create(args, HandleTokenizer(tokenizer), HandleLLM(llm))
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return create_app(self._services)

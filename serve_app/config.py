@@ -1,0 +1,132 @@
+"""Application arguments: the `args:` block of a Serve config YAML, validated once at startup.
+
+Deployment options (replicas, autoscaling, `max_ongoing_requests`, `max_queued_requests`, resources)
+are not here: they live in the YAML's `deployments:` list, where Ray Serve itself validates them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    path: str = Field(
+        description="Local model directory, or a Hugging Face model id (downloaded by vLLM on first use).",
+        min_length=1,
+    )
+    served_model_name: str | None = Field(
+        default=None, description="Name clients pass as `model`; defaults to the directory or id name."
+    )
+    tokenizer: str | None = Field(default=None, description="Tokenizer directory or id; defaults to `path`.")
+    max_model_len: int = Field(
+        ge=16, le=10_000_000, description="Context length in tokens: prompt plus generated tokens."
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="Run Python code shipped with the model. Off unless you trust the model."
+    )
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or Path(self.path.rstrip("/")).name
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.path
+
+
+class EngineConfig(_Strict):
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="Weight and activation dtype."
+    )
+    enforce_eager: bool = Field(
+        default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."
+    )
+    max_num_seqs: int = Field(
+        default=256, ge=1, le=4096, description="Sequences the engine schedules in one step."
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=16, description="Token budget of one engine step; vLLM picks one when unset."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0.0, le=1.0, description="Share of GPU memory vLLM may use (GPU only)."
+    )
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one engine spans.")
+    enable_prefix_caching: bool | None = Field(
+        default=None, description="Reuse KV cache across prompts with a common prefix; vLLM default when unset."
+    )
+    seed: int = Field(default=0, ge=0, description="Engine seed for requests that give none.")
+    log_stats: bool = Field(
+        default=True, description="Collect engine statistics (vLLM's Prometheus metrics in `/metrics`)."
+    )
+
+
+class TokenizerStageConfig(_Strict):
+    threads: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Worker threads per tokenizer replica; each owns its own tokenizer copy, never shared.",
+    )
+
+
+class LimitsConfig(_Strict):
+    max_n: int = Field(default=16, ge=1, le=256, description="Largest `n` (choices per request) accepted.")
+    max_logprobs: int = Field(default=20, ge=0, le=100, description="Largest `logprobs`/`top_logprobs`.")
+    max_prompts_per_request: int = Field(
+        default=64, ge=1, le=4096, description="Largest list of prompts in one `/v1/completions` request."
+    )
+
+
+class HealthConfig(_Strict):
+    poll_interval_s: float = Field(
+        default=2.0, gt=0.0, le=60.0, description="How often the ingress checks the stages in the background."
+    )
+    timeout_s: float = Field(default=5.0, gt=0.0, le=60.0, description="Time a stage has to answer a check.")
+
+
+class AppArgs(_Strict):
+    """Everything `deployments.graph:build_app` needs; the YAML `args:` block maps onto it."""
+
+    model: ModelConfig = Field(description="The chat/completion model.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine options.")
+    tokenizer: TokenizerStageConfig = Field(
+        default_factory=TokenizerStageConfig, description="Tokenizer stage options."
+    )
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request limits.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Background health checks.")
+
+    @model_validator(mode="after")
+    def _local_paths_absolute(self) -> AppArgs:
+        # Replicas do not share the launcher's working directory, so a relative local path is pinned
+        # here, in the process that read the YAML.
+        updates: dict[str, Any] = {}
+        for field in ("path", "tokenizer"):
+            value = getattr(self.model, field)
+            if value and Path(value).exists() and not Path(value).is_absolute():
+                updates[field] = str(Path(value).resolve())
+        if updates:
+            object.__setattr__(self, "model", self.model.model_copy(update=updates))
+        return self
+
+
+class ConfigError(ValueError):
+    """Invalid application arguments; the message names every bad field."""
+
+
+def parse_app_args(raw: dict[str, Any] | AppArgs) -> AppArgs:
+    if isinstance(raw, AppArgs):
+        return raw
+    try:
+        return AppArgs.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<args>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ConfigError(f"invalid application args: {problems}") from exc

@@ -1,0 +1,78 @@
+"""OpenAI-shaped errors, raised by any stage and rendered by the ingress.
+
+Stages raise these instead of returning error values so that a bad request stops the pipeline at the
+stage that finds the problem; Ray re-raises them in the caller as instances of the same class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class OpenAIError(Exception):
+    """An error the client should see as `{"error": {"message", "type", "param", "code"}}`."""
+
+    status_code = 500
+    error_type = "InternalServerError"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only arguments are lost by the default pickling that Ray uses between replicas.
+        return (_rebuild, (type(self), self.message, self.param, self.code))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code if self.code is not None else self.status_code,
+            }
+        }
+
+
+def _rebuild(cls: type[OpenAIError], message: str, param: str | None, code: str | None) -> OpenAIError:
+    return cls(message, param=param, code=code)
+
+
+class BadRequestError(OpenAIError):
+    status_code = 400
+    error_type = "BadRequestError"
+
+
+class NotFoundError(OpenAIError):
+    status_code = 404
+    error_type = "NotFoundError"
+
+
+class ServiceUnavailableError(OpenAIError):
+    status_code = 503
+    error_type = "ServiceUnavailableError"
+
+
+class EngineDeadError(ServiceUnavailableError):
+    """The LLM engine has died; the stage's replica must be restarted."""
+
+
+def find_openai_error(exc: BaseException) -> OpenAIError | None:
+    """The OpenAIError behind `exc`, looking through Ray's wrappers and exception chains."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OpenAIError):
+            return current
+        seen.add(id(current))
+        cause = getattr(current, "cause", None)
+        current = cause if isinstance(cause, BaseException) else current.__cause__
+    return None
+
+
+class OverloadedError(ServiceUnavailableError):
+    """A stage is at its queue limit; the client should retry after `retry_after_s`."""
+
+    retry_after_s = 1

@@ -1,0 +1,158 @@
+"""The ingress's HTTP API: thin routes over the endpoint modules, OpenAI-shaped errors, metrics.
+
+`create_app` takes its stages as `Services`, so the same app runs as the Ray Serve ingress
+(`deployments/ingress.py`), in unit tests with in-process stages, and as a single-process baseline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from serve_app.errors import OpenAIError, OverloadedError, find_openai_error
+from serve_app.ingress.chat.protocol import ChatCompletionRequest
+from serve_app.ingress.chat.serving import create_chat_completion
+from serve_app.ingress.completions.protocol import CompletionRequest
+from serve_app.ingress.completions.serving import create_completion
+from serve_app.ingress.pipeline import Services
+from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
+from serve_app.ingress.tokenize import serving as tokenize_serving
+from serve_app.ingress.tokenize.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+
+logger = logging.getLogger(__name__)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 503: {"model": ErrorResponse},
+}  # fmt: skip
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, OverloadedError) else None
+    return JSONResponse(error.to_dict(), status_code=error.status_code, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return "The request body is not valid JSON.", None
+    param = ".".join(loc) or None
+    return (f"{param}: {first.get('msg')}" if param else str(first.get("msg"))), param
+
+
+_KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
+                          "/detokenize", "/health", "/metrics"})  # fmt: skip
+
+
+class _RequestMetrics:
+    """Counts requests by endpoint and status, and those in flight (pure ASGI: streams stay intact)."""
+
+    def __init__(self, app: ASGIApp, services: Services) -> None:
+        self.app = app
+        self.metrics = services.metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        endpoint = scope["path"] if scope["path"] in _KNOWN_PATHS else "other"
+        status = "disconnected"
+        start = time.perf_counter()
+
+        async def send_and_record(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        gauge = self.metrics.in_flight.labels(endpoint)
+        gauge.inc()
+        try:
+            await self.app(scope, receive, send_and_record)
+        finally:
+            gauge.dec()
+            self.metrics.requests.labels(endpoint, status).inc()
+            if endpoint.startswith("/v1/"):
+                self.metrics.stage_seconds.labels("total").observe(time.perf_counter() - start)
+
+
+def create_app(services: Services) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        services.health.start()
+        yield
+        await services.health.stop()
+
+    app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
+    app.add_middleware(_RequestMetrics, services=services)
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(
+            {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}},
+            status_code=400,
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        error = find_openai_error(exc)
+        if error is None:
+            logger.exception("unhandled error")
+            error = OpenAIError(f"Internal error: {type(exc).__name__}")
+        return error_response(error)
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok, details = services.health.report()
+        return JSONResponse({"status": "ok" if ok else "unhealthy", "stages": details},
+                            status_code=200 if ok else 503)  # fmt: skip
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        cfg = services.args.model
+        return ModelList(data=[ModelCard(id=cfg.name, root=cfg.path, max_model_len=cfg.max_model_len)])
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = services.metrics.render()
+        try:
+            body += (await services.llm.metrics_text()).encode()
+        except Exception as exc:  # the ingress's own metrics must still be served when the llm is down
+            body += f"# llm stage metrics unavailable: {type(exc).__name__}\n".encode()
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/v1/chat/completions", responses=_ERRORS)
+    async def chat_completions(request: ChatCompletionRequest) -> Any:
+        return await create_chat_completion(services, request)
+
+    @app.post("/v1/completions", responses=_ERRORS)
+    async def completions(request: CompletionRequest) -> Any:
+        return await create_completion(services, request)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
+    async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
+        return await tokenize_serving.tokenize(services, request)
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
+    async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
+        return await tokenize_serving.detokenize(services, request)
+
+    return app

@@ -1,0 +1,126 @@
+"""`/v1/chat/completions`: the chat request path (see `pipeline.py` for the numbered steps)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.responses import JSONResponse, StreamingResponse
+
+from serve_app.ingress import sse
+from serve_app.ingress.chat.protocol import ChatCompletionRequest
+from serve_app.ingress.pipeline import (
+    ChoiceState,
+    Services,
+    Stream,
+    check_limits,
+    check_model,
+    new_request_id,
+    start_stream,
+    timing_headers,
+)
+from serve_app.messages import ChatPrompt, TokenLogprob
+
+
+def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": t.token,
+                "logprob": t.logprob,
+                "bytes": t.bytes,
+                "top_logprobs": [{"token": a, "logprob": b, "bytes": c} for a, b, c in t.top],
+            }
+            for t in items
+        ]
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def create_chat_completion(services: Services, request: ChatCompletionRequest) -> Any:
+    model = check_model(services, request.model)
+    logprobs = request.logprobs_k()
+    check_limits(services, request, logprobs)
+    prompt = ChatPrompt(
+        messages=[m.model_dump(exclude_none=True) for m in request.messages],
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
+        chat_template_kwargs=dict(request.chat_template_kwargs or {}),
+    )
+    start = time.perf_counter()
+    stream = await start_stream(
+        services, request, prompt, add_special_tokens=False, logprobs=logprobs,
+        request_id=new_request_id("chatcmpl"),
+    )  # fmt: skip
+    if request.stream:
+        return StreamingResponse(
+            sse.encode(_events(request, stream, model)),
+            media_type="text/event-stream",
+            headers=timing_headers(stream.timings),
+        )
+    choices = [ChoiceState() for _ in range(request.n)]
+    async for chunk in stream.chunks():
+        for delta in chunk.deltas:
+            choices[delta.index].add(delta)
+    stream.timings["total"] = time.perf_counter() - start
+    completion_tokens = sum(c.num_tokens for c in choices)
+    services.metrics.tokens.labels("generated").inc(completion_tokens)
+    body = {
+        "id": stream.request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": "".join(c.text)},
+                "logprobs": chat_logprobs(c.logprobs) if logprobs is not None else None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for i, c in enumerate(choices)
+        ],
+        "usage": usage(len(stream.prompt_token_ids), completion_tokens),
+    }
+    return JSONResponse(body, headers=timing_headers(stream.timings))
+
+
+async def _events(request: ChatCompletionRequest, stream: Stream, model: str) -> AsyncIterator[dict[str, Any]]:
+    created = int(time.time())
+    options = request.stream_options
+    include_usage = bool(options and options.include_usage)
+    continuous = bool(options and options.continuous_usage_stats)
+    prompt_tokens = len(stream.prompt_token_ids)
+    completion_tokens = 0
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"id": stream.request_id, "object": "chat.completion.chunk", "created": created,
+                "model": model, "choices": choices, **extra}  # fmt: skip
+
+    for i in range(request.n):
+        first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                 "finish_reason": None}  # fmt: skip
+        yield chunk([first])
+    async for generated in stream.chunks():
+        for delta in generated.deltas:
+            completion_tokens += len(delta.token_ids)
+            choice = {
+                "index": delta.index,
+                "delta": {"content": delta.text} if delta.text else {},
+                "logprobs": chat_logprobs(delta.logprobs) if delta.logprobs is not None else None,
+                "finish_reason": delta.finish_reason,
+            }
+            if delta.finish_reason is not None:
+                choice["stop_reason"] = delta.stop_reason
+            extra = {"usage": usage(prompt_tokens, completion_tokens)} if continuous else {}
+            yield chunk([choice], **extra)
+    if include_usage:
+        yield chunk([], usage=usage(prompt_tokens, completion_tokens))

@@ -1,0 +1,60 @@
+"""How the ingress reaches the stages: one interface, two transports.
+
+`deployments/handles.py` implements these over Ray Serve handles; the in-process classes here call
+the stage objects directly, for unit tests and for the single-process baseline that the benchmarks
+compare the graph against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
+from serve_app.stages.llm import LLMStage
+from serve_app.stages.tokenizer import TokenizerStage
+
+
+class TokenizerClient(Protocol):
+    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt: ...
+
+    async def detokenize(self, token_ids: list[int]) -> str: ...
+
+    async def check_health(self) -> None: ...
+
+
+class LLMClient(Protocol):
+    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]: ...
+
+    async def check_health(self) -> None: ...
+
+    async def metrics_text(self) -> str: ...
+
+
+class LocalTokenizer:
+    def __init__(self, stage: TokenizerStage) -> None:
+        self._stage = stage
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        return await self._stage.tokenize_async(request)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return await self._stage.detokenize_async(token_ids)
+
+    async def check_health(self) -> None:
+        return None
+
+
+class LocalLLM:
+    def __init__(self, stage: LLMStage) -> None:
+        self._stage = stage
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        return self._stage.generate(request)
+
+    async def check_health(self) -> None:
+        await self._stage.check_health()
+
+    async def metrics_text(self) -> str:
+        # In one process the engine's metrics are already in the ingress's registry.
+        return ""

@@ -1,0 +1,153 @@
+"""`/v1/completions`: the text completion path (see `pipeline.py` for the numbered steps).
+
+A list of prompts becomes one tokenizer call and one engine request per prompt, started together;
+choice `i` of prompt `p` is reported as index `p * n + i`, as OpenAI and vLLM do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.responses import JSONResponse, StreamingResponse
+
+from serve_app.errors import BadRequestError
+from serve_app.ingress import sse
+from serve_app.ingress.chat.serving import usage
+from serve_app.ingress.completions.protocol import CompletionRequest
+from serve_app.ingress.pipeline import (
+    ChoiceState,
+    Services,
+    Stream,
+    check_limits,
+    check_model,
+    merge,
+    new_request_id,
+    start_stream,
+    timing_headers,
+)
+from serve_app.messages import TextPrompt, TokenLogprob
+
+
+class _Offsets:
+    """`text_offset` of completion logprobs continues across streamed chunks."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def format(self, items: list[TokenLogprob]) -> dict[str, Any]:
+        offsets = []
+        for t in items:
+            offsets.append(self.next)
+            self.next += len(t.token)
+        return {
+            "tokens": [t.token for t in items],
+            "token_logprobs": [t.logprob for t in items],
+            "top_logprobs": [{a: b for a, b, _ in t.top} for t in items],
+            "text_offset": offsets,
+        }
+
+
+async def create_completion(services: Services, request: CompletionRequest) -> Any:
+    model = check_model(services, request.model)
+    check_limits(services, request, request.logprobs)
+    prompts = request.prompts()
+    limit = services.args.limits.max_prompts_per_request
+    if len(prompts) > limit:
+        raise BadRequestError(f"At most {limit} prompts per request, got {len(prompts)}.", param="prompt")
+    request_id = new_request_id("cmpl")
+    start = time.perf_counter()
+    streams = await _start_all(services, request, prompts, request_id)
+    echoes = await _echo_texts(services, request, streams)
+    headers = timing_headers(streams[0].timings)
+    if request.stream:
+        events = _events(request, streams, echoes, model, request_id)
+        return StreamingResponse(sse.encode(events), media_type="text/event-stream", headers=headers)
+    n = request.n
+    choices = [ChoiceState() for _ in range(n * len(streams))]
+    async for p, chunk in merge([s.chunks() for s in streams]):
+        for delta in chunk.deltas:
+            choices[p * n + delta.index].add(delta)
+    headers = timing_headers({**streams[0].timings, "total": time.perf_counter() - start})
+    completion_tokens = sum(c.num_tokens for c in choices)
+    services.metrics.tokens.labels("generated").inc(completion_tokens)
+    body = {
+        "id": request_id,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": i,
+                "text": echoes[i // n] + "".join(c.text),
+                "logprobs": _Offsets().format(c.logprobs) if request.logprobs is not None else None,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+            for i, c in enumerate(choices)
+        ],
+        "usage": usage(sum(len(s.prompt_token_ids) for s in streams), completion_tokens),
+    }
+    return JSONResponse(body, headers=headers)
+
+
+async def _start_all(
+    services: Services, request: CompletionRequest, prompts: list[str | list[int]], request_id: str
+) -> list[Stream]:
+    def text_prompt(p: str | list[int]) -> TextPrompt:
+        return TextPrompt(text=p) if isinstance(p, str) else TextPrompt(token_ids=p)
+
+    starts = [
+        start_stream(
+            services, request, text_prompt(p), add_special_tokens=request.add_special_tokens,
+            logprobs=request.logprobs, request_id=f"{request_id}-{i}",
+        )
+        for i, p in enumerate(prompts)
+    ]  # fmt: skip
+    results = await asyncio.gather(*starts, return_exceptions=True)
+    streams = [r for r in results if isinstance(r, Stream)]
+    failure = next((r for r in results if isinstance(r, BaseException)), None)
+    if failure is not None:
+        # One bad prompt fails the request; the engine work of the good ones is cancelled.
+        await asyncio.gather(*(s.rest.aclose() for s in streams if hasattr(s.rest, "aclose")))
+        raise failure
+    return streams
+
+
+async def _echo_texts(services: Services, request: CompletionRequest, streams: list[Stream]) -> list[str]:
+    if not request.echo:
+        return [""] * len(streams)
+    return list(await asyncio.gather(*(services.tokenizer.detokenize(s.prompt_token_ids) for s in streams)))
+
+
+async def _events(
+    request: CompletionRequest, streams: list[Stream], echoes: list[str], model: str, request_id: str
+) -> AsyncIterator[dict[str, Any]]:
+    created = int(time.time())
+    n = request.n
+    options = request.stream_options
+    include_usage = bool(options and options.include_usage)
+    prompt_tokens = sum(len(s.prompt_token_ids) for s in streams)
+    completion_tokens = 0
+    offsets = [_Offsets() for _ in range(n * len(streams))]
+    echoed = [not request.echo] * (n * len(streams))
+    async for p, chunk in merge([s.chunks() for s in streams]):
+        for delta in chunk.deltas:
+            index = p * n + delta.index
+            completion_tokens += len(delta.token_ids)
+            text = delta.text if echoed[index] else echoes[p] + delta.text
+            echoed[index] = True
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": offsets[index].format(delta.logprobs) if delta.logprobs is not None else None,
+                "finish_reason": delta.finish_reason,
+                "stop_reason": delta.stop_reason,
+            }
+            yield {"id": request_id, "object": "text_completion", "created": created, "model": model,
+                   "choices": [choice]}  # fmt: skip
+    if include_usage:
+        yield {"id": request_id, "object": "text_completion", "created": created, "model": model,
+               "choices": [], "usage": usage(prompt_tokens, completion_tokens)}  # fmt: skip

@@ -1,0 +1,181 @@
+"""The request path shared by chat and text completions.
+
+1. Check the model name and the request's limits (n, logprobs) against the config.
+2. Tokenizer stage (one unary hop): render, tokenize, truncate, check the context length.
+3. LLM stage (one streaming hop): token ids in, merged output deltas out. Tokens travel
+   llm -> ingress directly, so a streamed token pays one hop, never one per stage.
+4. The first chunk is awaited before any byte is sent, so an engine rejection or backpressure
+   still becomes a proper HTTP status; later chunks stream as they come.
+5. The endpoint module formats the chunks as an OpenAI response or SSE events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from serve_app.config import AppArgs
+from serve_app.errors import BadRequestError, EngineDeadError, NotFoundError
+from serve_app.ingress.clients import LLMClient, TokenizerClient
+from serve_app.ingress.health import HealthMonitor
+from serve_app.ingress.metrics import IngressMetrics
+from serve_app.ingress.protocol import SamplingRequest
+from serve_app.messages import (
+    ChatPrompt,
+    ChoiceDelta,
+    GenerateRequest,
+    GenerationChunk,
+    TextPrompt,
+    TokenizeRequest,
+    TokenLogprob,
+)
+
+
+@dataclass
+class Services:
+    """What the ingress needs: the config, the stages and its own metrics and health."""
+
+    args: AppArgs
+    tokenizer: TokenizerClient
+    llm: LLMClient
+    metrics: IngressMetrics
+    health: HealthMonitor
+
+    @classmethod
+    def create(cls, args: AppArgs, tokenizer: TokenizerClient, llm: LLMClient) -> Services:
+        checks = {"tokenizer": tokenizer.check_health, "llm": llm.check_health}
+        monitor = HealthMonitor(checks, args.health.poll_interval_s, args.health.timeout_s)
+        return cls(args, tokenizer, llm, IngressMetrics(), monitor)
+
+
+@dataclass
+class Stream:
+    """A started generation: its first chunk (already received) and the rest."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    first: GenerationChunk
+    rest: AsyncIterator[GenerationChunk]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    async def chunks(self) -> AsyncIterator[GenerationChunk]:
+        yield self.first
+        async for chunk in self.rest:
+            yield chunk
+
+
+def check_model(services: Services, requested: str | None) -> str:
+    name = services.args.model.name
+    if requested is not None and requested != name:
+        raise NotFoundError(f"The model `{requested}` does not exist.", param="model", code="model_not_found")
+    return name
+
+
+def check_limits(services: Services, request: SamplingRequest, logprobs: int | None) -> None:
+    limits = services.args.limits
+    if request.n > limits.max_n:
+        raise BadRequestError(f"n must be at most {limits.max_n}, got {request.n}.", param="n")
+    if logprobs is not None and logprobs > limits.max_logprobs:
+        raise BadRequestError(
+            f"logprobs must be at most {limits.max_logprobs}, got {logprobs}.", param="logprobs"
+        )
+
+
+async def start_stream(
+    services: Services,
+    request: SamplingRequest,
+    prompt: ChatPrompt | TextPrompt,
+    *,
+    add_special_tokens: bool,
+    logprobs: int | None,
+    request_id: str,
+) -> Stream:
+    """Steps 2-4 for one prompt."""
+    start = time.perf_counter()
+    tokenized = await services.tokenizer.tokenize(
+        TokenizeRequest(prompt, add_special_tokens, request.truncate_prompt_tokens, request.max_tokens)
+    )
+    called_llm = time.perf_counter()
+    spec = request.sampling_spec(tokenized.max_tokens, logprobs)
+    generator = services.llm.generate(GenerateRequest(request_id, tokenized.token_ids, spec))
+    try:
+        first = await anext(aiter(generator))
+    except EngineDeadError as exc:
+        services.health.mark_failed("llm", exc.message)
+        raise
+    timings = {
+        "tokenizer": tokenized.elapsed_s,
+        "tokenizer_call": called_llm - start,
+        "llm_first_chunk": time.perf_counter() - called_llm,
+    }
+    for stage, seconds in timings.items():
+        services.metrics.stage_seconds.labels(stage).observe(seconds)
+    services.metrics.tokens.labels("prompt").inc(len(tokenized.token_ids))
+    return Stream(request_id, tokenized.token_ids, first, generator, timings)
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def timing_headers(timings: dict[str, float]) -> dict[str, str]:
+    """Per-stage time in milliseconds, as `X-<Stage>-Time` headers."""
+    names = {"tokenizer": "X-Tokenizer-Time", "llm_first_chunk": "X-LLM-First-Chunk-Time",
+             "llm": "X-LLM-Time", "total": "X-Total-Time"}  # fmt: skip
+    return {names[k]: f"{v * 1000:.3f}" for k, v in timings.items() if k in names}
+
+
+async def merge(streams: list[AsyncIterator[GenerationChunk]]) -> AsyncIterator[tuple[int, GenerationChunk]]:
+    """Chunks of several streams as they arrive, tagged with the stream's position."""
+    if len(streams) == 1:
+        async for chunk in streams[0]:
+            yield 0, chunk
+        return
+    queue: asyncio.Queue[tuple[int, GenerationChunk | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, stream: AsyncIterator[GenerationChunk]) -> None:
+        try:
+            async for chunk in stream:
+                await queue.put((i, chunk))
+        except Exception as exc:  # handed to the consumer below, which re-raises it
+            await queue.put((i, exc))
+        await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@dataclass
+class ChoiceState:
+    """One choice accumulated over a whole generation (non-streaming responses, usage)."""
+
+    text: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def add(self, delta: ChoiceDelta) -> None:
+        self.text.append(delta.text)
+        self.num_tokens += len(delta.token_ids)
+        if delta.logprobs:
+            self.logprobs.extend(delta.logprobs)
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.stop_reason

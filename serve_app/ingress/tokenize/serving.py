@@ -1,0 +1,39 @@
+"""`/tokenize` and `/detokenize`: the tokenizer stage, without generation."""
+
+from __future__ import annotations
+
+from serve_app import messages
+from serve_app.ingress.pipeline import Services, check_model
+from serve_app.ingress.tokenize.protocol import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
+
+
+async def tokenize(services: Services, request: TokenizeRequest) -> TokenizeResponse:
+    check_model(services, request.model)
+    prompt: messages.ChatPrompt | messages.TextPrompt
+    if request.messages is not None:
+        prompt = messages.ChatPrompt(
+            messages=[m.model_dump(exclude_none=True) for m in request.messages],
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            chat_template_kwargs=dict(request.chat_template_kwargs or {}),
+        )
+        add_special = bool(request.add_special_tokens)
+    else:
+        prompt = messages.TextPrompt(text=request.prompt)
+        add_special = request.add_special_tokens is not False
+    result = await services.tokenizer.tokenize(
+        messages.TokenizeRequest(prompt, add_special_tokens=add_special, check_context=False)
+    )
+    return TokenizeResponse(
+        count=len(result.token_ids), max_model_len=services.args.model.max_model_len, tokens=result.token_ids
+    )
+
+
+async def detokenize(services: Services, request: DetokenizeRequest) -> DetokenizeResponse:
+    check_model(services, request.model)
+    return DetokenizeResponse(prompt=await services.tokenizer.detokenize(request.tokens))

@@ -1,0 +1,110 @@
+"""The typed messages that pass between stages: ingress -> tokenizer -> ingress -> llm -> ingress.
+
+Plain frozen dataclasses: Ray pickles them between replicas, and a streamed token pays for every
+byte and every object here, so they carry only what the next stage needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ChatPrompt:
+    """A chat conversation to render with the model's chat template."""
+
+    messages: list[dict[str, Any]]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class TextPrompt:
+    """A completion prompt: text to tokenize, or token ids to check and pass through."""
+
+    text: str | None = None
+    token_ids: list[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    """Ingress -> tokenizer: render, tokenize, truncate and check one prompt against the context."""
+
+    prompt: ChatPrompt | TextPrompt
+    add_special_tokens: bool
+    truncate_prompt_tokens: int | None = None
+    max_tokens: int | None = None
+    # `/tokenize` wants the ids even when no room is left for generation.
+    check_context: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TokenizedPrompt:
+    """Tokenizer -> ingress: the prompt as token ids and the generation budget it leaves."""
+
+    token_ids: list[int]
+    max_tokens: int
+    elapsed_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingSpec:
+    """Ingress -> llm: the OpenAI sampling fields, mapped 1:1 onto vLLM's SamplingParams."""
+
+    max_tokens: int
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logprobs: int | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """Ingress -> llm: token ids in, no tokenizing on the engine's path."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingSpec
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[tuple[str, float, list[int]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceDelta:
+    """New output of one choice since the previous chunk."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationChunk:
+    """Llm -> ingress: one streamed step; several engine steps may be merged into one chunk."""
+
+    deltas: list[ChoiceDelta]
+    num_prompt_tokens: int
+    finished: bool

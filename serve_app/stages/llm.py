@@ -1,0 +1,168 @@
+"""LLM stage: the vLLM engine, fed token ids, streaming merged deltas back.
+
+The engine is injected (`LLMStage(engine)`), so unit tests can drive the stage with a fake;
+`LLMStage.from_args` builds the real `AsyncLLM`. The tokenizer stage has already rendered,
+tokenized and length-checked the prompt, so nothing here tokenizes on the request path; the engine
+only detokenizes its own output incrementally, which stop strings need.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from serve_app.config import AppArgs
+from serve_app.errors import BadRequestError, EngineDeadError, ServiceUnavailableError
+from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
+
+# JSON has no -inf; vLLM's OpenAI server uses the same floor.
+_LOGPROB_FLOOR = -9999.0
+
+
+class Engine(Protocol):
+    """The part of vLLM's `AsyncLLM` this stage uses."""
+
+    def generate(self, prompt: Any, sampling_params: Any, request_id: str) -> AsyncIterator[Any]: ...
+
+    async def check_health(self) -> None: ...
+
+    def get_num_unfinished_requests(self) -> int: ...
+
+    def shutdown(self) -> None: ...
+
+
+def build_engine(args: AppArgs) -> Engine:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine_args = AsyncEngineArgs(
+        model=args.model.path,
+        tokenizer=args.model.tokenizer_path,
+        served_model_name=[args.model.name],
+        max_model_len=args.model.max_model_len,
+        trust_remote_code=args.model.trust_remote_code,
+        dtype=args.engine.dtype,
+        enforce_eager=args.engine.enforce_eager,
+        max_num_seqs=args.engine.max_num_seqs,
+        max_num_batched_tokens=args.engine.max_num_batched_tokens,
+        gpu_memory_utilization=args.engine.gpu_memory_utilization,
+        tensor_parallel_size=args.engine.tensor_parallel_size,
+        enable_prefix_caching=args.engine.enable_prefix_caching,
+        seed=args.engine.seed,
+        disable_log_stats=not args.engine.log_stats,
+    )
+    engine: Engine = AsyncLLM.from_engine_args(engine_args)
+    return engine
+
+
+def to_sampling_params(spec: SamplingSpec) -> Any:
+    """SamplingSpec -> vLLM SamplingParams; vLLM's own range checks become 400s."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    optional = {
+        name: getattr(spec, name)
+        for name in (
+            "temperature", "top_p", "top_k", "min_p",
+            "presence_penalty", "frequency_penalty", "repetition_penalty",
+        )
+        if getattr(spec, name) is not None
+    }  # fmt: skip
+    try:
+        return SamplingParams(
+            n=spec.n,
+            max_tokens=spec.max_tokens,
+            seed=spec.seed,
+            stop=list(spec.stop),
+            stop_token_ids=list(spec.stop_token_ids),
+            ignore_eos=spec.ignore_eos,
+            min_tokens=spec.min_tokens,
+            logprobs=spec.logprobs,
+            include_stop_str_in_output=spec.include_stop_str_in_output,
+            skip_special_tokens=spec.skip_special_tokens,
+            output_kind=RequestOutputKind.DELTA,
+            **optional,
+        )
+    except (ValueError, TypeError) as exc:
+        raise BadRequestError(str(exc)) from exc
+
+
+def _token_logprobs(token_ids: list[int], logprobs: list[dict[int, Any]], k: int) -> list[TokenLogprob]:
+    result = []
+    for token_id, candidates in zip(token_ids, logprobs, strict=False):
+        chosen = candidates[token_id]
+        ranked = sorted((c for c in candidates.values() if c.rank is not None and c.rank <= k),
+                        key=lambda c: c.rank)  # fmt: skip
+        top = [(_text(c), _floor(c.logprob), list(_text(c).encode())) for c in ranked]
+        token = _text(chosen)
+        result.append(TokenLogprob(token, _floor(chosen.logprob), list(token.encode()), top))
+    return result
+
+
+def _text(logprob: Any) -> str:
+    return logprob.decoded_token or ""
+
+
+def _floor(value: float) -> float:
+    return _LOGPROB_FLOOR if math.isinf(value) or math.isnan(value) else max(value, _LOGPROB_FLOOR)
+
+
+def to_chunk(output: Any, spec: SamplingSpec) -> GenerationChunk:
+    deltas = []
+    for choice in output.outputs:
+        logprobs = None
+        if spec.logprobs is not None and choice.logprobs is not None:
+            logprobs = _token_logprobs(list(choice.token_ids), list(choice.logprobs), spec.logprobs)
+        deltas.append(
+            ChoiceDelta(
+                index=choice.index,
+                text=choice.text,
+                token_ids=list(choice.token_ids),
+                finish_reason=choice.finish_reason,
+                stop_reason=choice.stop_reason,
+                logprobs=logprobs,
+            )
+        )
+    return GenerationChunk(deltas, len(output.prompt_token_ids or ()), output.finished)
+
+
+class LLMStage:
+    """Runs generation requests on one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @classmethod
+    def from_args(cls, args: AppArgs) -> LLMStage:
+        return cls(build_engine(args))
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+
+        params = to_sampling_params(request.sampling)
+        prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+        # aclosing: if our caller goes away (client disconnect cancels the Serve call), the engine's
+        # generator is closed now, which aborts the request in the engine, not whenever GC runs.
+        try:
+            async with aclosing(self._engine.generate(prompt, params, request.request_id)) as outputs:
+                async for output in outputs:
+                    yield to_chunk(output, request.sampling)
+        except VLLMEngineDeadError as exc:
+            raise EngineDeadError(f"The engine died: {exc}") from exc
+        except ValueError as exc:
+            raise BadRequestError(str(exc)) from exc
+
+    async def check_health(self) -> None:
+        try:
+            await self._engine.check_health()
+        except Exception as exc:
+            raise ServiceUnavailableError(f"engine unhealthy: {exc}") from exc
+
+    def num_unfinished_requests(self) -> int:
+        return self._engine.get_num_unfinished_requests()
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()

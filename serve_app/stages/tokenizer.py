@@ -1,0 +1,193 @@
+"""Tokenizer stage: chat template, tokenization, truncation and context-length checks.
+
+Hugging Face fast tokenizers keep truncation/padding state on a shared Rust object without a lock:
+two threads using one tokenizer give silently wrong results (measured in the field notes). So every
+worker thread owns its own copy, handed out by `TokenizerPool`, and truncation is done by slicing ids,
+never by changing tokenizer state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+from serve_app.config import AppArgs
+from serve_app.errors import BadRequestError
+from serve_app.messages import ChatPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
+
+TokenizerFactory = Callable[[], Any]
+
+
+def load_hf_tokenizer(path: str, trust_remote_code: bool) -> TokenizerFactory:
+    def factory() -> Any:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+    return factory
+
+
+class TokenizerPool:
+    """Tokenizer copies, each lent to one thread at a time."""
+
+    def __init__(self, factory: TokenizerFactory, size: int) -> None:
+        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        for _ in range(size):
+            self._free.put(factory())
+        self.size = size
+
+    @contextmanager
+    def borrow(self) -> Iterator[Any]:
+        tokenizer = self._free.get()
+        try:
+            yield tokenizer
+        finally:
+            self._free.put(tokenizer)
+
+
+def _message_text(content: Any, index: int) -> str:
+    """OpenAI content (a string or a list of parts) as the plain text a text-only template expects."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text":
+            texts.append(part.get("text", ""))
+        elif kind in ("image_url", "input_image", "input_audio", "audio_url", "video_url"):
+            raise BadRequestError(
+                f"messages[{index}]: content of type '{kind}' is not supported: this model takes text only.",
+                param="messages",
+            )
+        else:
+            raise BadRequestError(f"messages[{index}]: unknown content part type '{kind}'.", param="messages")
+    return "\n".join(texts)
+
+
+class TokenizerStage:
+    """Turns prompts into token ids that fit the model's context."""
+
+    def __init__(self, factory: TokenizerFactory, max_model_len: int, threads: int) -> None:
+        self._pool = TokenizerPool(factory, threads)
+        self.max_model_len = max_model_len
+        # As many threads as copies, so a thread never waits for a copy; requests beyond that wait in
+        # the executor's queue, which the deployment's max_ongoing_requests bounds.
+        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="tokenizer")
+        with self._pool.borrow() as tok:
+            self.vocab_size = len(tok)
+
+    @classmethod
+    def from_args(cls, args: AppArgs) -> TokenizerStage:
+        factory = load_hf_tokenizer(args.model.tokenizer_path, args.model.trust_remote_code)
+        return cls(factory, args.model.max_model_len, args.tokenizer.threads)
+
+    @property
+    def threads(self) -> int:
+        return self._pool.size
+
+    async def tokenize_async(self, request: TokenizeRequest) -> TokenizedPrompt:
+        """`tokenize` off the caller's event loop, so the loop stays free for health checks."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.tokenize, request)
+
+    async def detokenize_async(self, token_ids: list[int]) -> str:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.detokenize, token_ids)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        start = time.perf_counter()
+        with self._pool.borrow() as tok:
+            token_ids = self._encode(tok, request)
+        token_ids = self._truncate(token_ids, request.truncate_prompt_tokens)
+        max_tokens = self._check_length(token_ids, request) if request.check_context else 0
+        return TokenizedPrompt(token_ids, max_tokens, time.perf_counter() - start)
+
+    def detokenize(self, token_ids: list[int]) -> str:
+        self._check_ids(token_ids, "tokens")
+        with self._pool.borrow() as tok:
+            return str(tok.decode(token_ids))
+
+    def _encode(self, tok: Any, request: TokenizeRequest) -> list[int]:
+        prompt = request.prompt
+        if isinstance(prompt, TextPrompt):
+            if prompt.token_ids is not None:
+                self._check_ids(prompt.token_ids, "prompt")
+                return list(prompt.token_ids)
+            return list(tok.encode(prompt.text or "", add_special_tokens=request.add_special_tokens))
+        text = self._render_chat(tok, prompt)
+        return list(tok.encode(text, add_special_tokens=request.add_special_tokens))
+
+    def _render_chat(self, tok: Any, prompt: ChatPrompt) -> str:
+        if not prompt.messages:
+            raise BadRequestError("messages must not be empty.", param="messages")
+        messages = [
+            {**m, "content": _message_text(m.get("content"), i)} for i, m in enumerate(prompt.messages)
+        ]
+        if prompt.continue_final_message and prompt.add_generation_prompt:
+            raise BadRequestError(
+                "continue_final_message and add_generation_prompt cannot both be true.",
+                param="continue_final_message",
+            )
+        if getattr(tok, "chat_template", None) is None:
+            raise BadRequestError("This model has no chat template; use /v1/completions.", param="messages")
+        try:
+            rendered = tok.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=prompt.add_generation_prompt,
+                continue_final_message=prompt.continue_final_message,
+                **prompt.chat_template_kwargs,
+            )
+        except Exception as exc:  # a template error is the client's messages not fitting the template
+            raise BadRequestError(f"Chat template failed to render: {exc}", param="messages") from exc
+        return str(rendered)
+
+    def _check_ids(self, token_ids: list[int], param: str) -> None:
+        bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise BadRequestError(
+                f"Token id {bad} is out of vocabulary (size {self.vocab_size}).", param=param
+            )
+
+    def _truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
+        if keep is None:
+            return token_ids
+        if keep == -1:
+            keep = self.max_model_len
+        if keep > self.max_model_len:
+            raise BadRequestError(
+                f"truncate_prompt_tokens ({keep}) cannot exceed max_model_len ({self.max_model_len}).",
+                param="truncate_prompt_tokens",
+            )
+        # vLLM's semantics: keep the last `keep` tokens (left truncation).
+        return token_ids[-keep:] if keep < len(token_ids) else token_ids
+
+    def _check_length(self, token_ids: list[int], request: TokenizeRequest) -> int:
+        n = len(token_ids)
+        if n == 0:
+            raise BadRequestError("The prompt is empty.", param="prompt")
+        if n >= self.max_model_len:
+            raise BadRequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                f"request has {n} input tokens. Please reduce the length of the input.",
+                param="messages" if isinstance(request.prompt, ChatPrompt) else "prompt",
+                code="context_length_exceeded",
+            )
+        room = self.max_model_len - n
+        if request.max_tokens is None:
+            return room
+        if request.max_tokens > room:
+            raise BadRequestError(
+                f"'max_tokens' is too large: {request.max_tokens}. This model's maximum context length "
+                f"is {self.max_model_len} tokens and your request has {n} input tokens "
+                f"({request.max_tokens} > {self.max_model_len} - {n}).",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+        return request.max_tokens
