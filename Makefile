@@ -29,9 +29,10 @@ models: $(MODEL)/.complete
 $(MODEL)/.complete: $(VENV)/.installed
 	$(BIN)/python -m serve_app.models.tiny_chat $(MODEL)
 
-# A local single-node Ray (no dashboard: it costs ~1 GB here), then `serve run` in the foreground.
+# A local single-node Ray, then `serve run` in the foreground. The dashboard (~1 GB) stays on because
+# `serve status` reads it; it listens on loopback only.
 serve: setup models
-	$(BIN)/ray status >/dev/null 2>&1 || $(BIN)/ray start --head --include-dashboard=false --disable-usage-stats
+	$(BIN)/ray status >/dev/null 2>&1 || $(BIN)/ray start --head --dashboard-host=127.0.0.1 --disable-usage-stats
 	$(BIN)/serve run $(CONFIG)
 
 stop:

@@ -59,7 +59,8 @@ class EngineConfig(_Strict):
     )
     tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one engine spans.")
     enable_prefix_caching: bool | None = Field(
-        default=None, description="Reuse KV cache across prompts with a common prefix; vLLM default when unset."
+        default=None,
+        description="Reuse KV cache across prompts with a common prefix; vLLM default when unset.",
     )
     seed: int = Field(default=0, ge=0, description="Engine seed for requests that give none.")
     log_stats: bool = Field(

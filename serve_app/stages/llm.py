@@ -57,6 +57,16 @@ def build_engine(args: AppArgs) -> Engine:
     return engine
 
 
+def _client_errors() -> tuple[type[Exception], ...]:
+    """Exceptions vLLM raises for a bad request: since vLLM's `VLLMClientError` hierarchy, its
+    validation errors (e.g. `n=0`, `min_tokens > max_tokens`) are no longer ValueErrors."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:  # older vLLM: plain ValueError
+        return (ValueError, TypeError)
+    return (ValueError, TypeError, VLLMClientError)
+
+
 def to_sampling_params(spec: SamplingSpec) -> Any:
     """SamplingSpec -> vLLM SamplingParams; vLLM's own range checks become 400s."""
     from vllm import SamplingParams
@@ -85,7 +95,7 @@ def to_sampling_params(spec: SamplingSpec) -> Any:
             output_kind=RequestOutputKind.DELTA,
             **optional,
         )
-    except (ValueError, TypeError) as exc:
+    except _client_errors() as exc:
         raise BadRequestError(str(exc)) from exc
 
 
@@ -152,7 +162,7 @@ class LLMStage:
                     yield to_chunk(output, request.sampling)
         except VLLMEngineDeadError as exc:
             raise EngineDeadError(f"The engine died: {exc}") from exc
-        except ValueError as exc:
+        except _client_errors() as exc:
             raise BadRequestError(str(exc)) from exc
 
     async def check_health(self) -> None:

@@ -1,0 +1,52 @@
+"""The single-process baseline: the same ingress app and stage classes, in one uvicorn process.
+
+What a monolithic server does (tokenizer thread pool and engine client on the API server's event
+loop), built from this project's own classes so comparisons isolate the architecture.
+`python -m load.baseline --config configs/cpu-tiny.yaml --port 8001`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import uvicorn
+import yaml
+
+from serve_app.config import parse_app_args
+from serve_app.ingress.app import create_app
+from serve_app.ingress.clients import LocalLLM, LocalTokenizer
+from serve_app.ingress.pipeline import Services
+from serve_app.stages.llm import LLMStage
+from serve_app.stages.tokenizer import TokenizerStage
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default="configs/cpu-tiny.yaml")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    opts = parser.parse_args()
+    app_cfg = yaml.safe_load(open(opts.config))["applications"][0]
+    for deployment in app_cfg.get("deployments", []):
+        env = deployment.get("ray_actor_options", {}).get("runtime_env", {}).get("env_vars", {})
+        for key, value in env.items():
+            os.environ.setdefault(key, str(value))
+    args = parse_app_args(app_cfg["args"])
+
+    async def build() -> Services:
+        return Services.create(args, LocalTokenizer(TokenizerStage.from_args(args)),
+                               LocalLLM(LLMStage.from_args(args)))  # fmt: skip
+
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    services = loop.run_until_complete(build())
+    server = uvicorn.Server(uvicorn.Config(create_app(services), host=opts.host, port=opts.port,
+                                           log_level="warning", loop="asyncio"))  # fmt: skip
+    loop.run_until_complete(server.serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""`/health` latency while a burst of long prompts hits the server (the seed-002 measurement).
+
+Long prompts (tens of thousands of tokens) beyond the model's context are tokenized and rejected;
+the work is all tokenization, which is exactly what stalls a single-process server's event loop.
+Targets are measured one after another in the same run, each with an idle phase first.
+`python -m load.health_probe --target graph=http://127.0.0.1:8000 --target baseline=http://127.0.0.1:8001`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from typing import Any
+
+import httpx
+
+from load.stats import summary_ms
+
+WORDS = [
+    "serve",
+    "graph",
+    "token",
+    "stage",
+    "engine",
+    "health",
+    "probe",
+    "latency",
+    "queue",
+    "replica",
+    "batch",
+    "stream",
+]
+
+
+def long_prompt(words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) + str(rng.randint(0, 999)) for _ in range(words))
+
+
+async def probe(client: httpx.AsyncClient, url: str, stop: asyncio.Event, out: list[float]) -> None:
+    while not stop.is_set():
+        start = time.perf_counter()
+        await client.get(f"{url}/health")
+        out.append(time.perf_counter() - start)
+        await asyncio.sleep(0.1)
+
+
+async def load(client: httpx.AsyncClient, url: str, stop: asyncio.Event, prompts: list[str],
+               statuses: Counter[int]) -> None:  # fmt: skip
+    i = 0
+    while not stop.is_set():
+        body = {"model": None, "prompt": prompts[i % len(prompts)], "max_tokens": 16}
+        i += 1
+        response = await client.post(f"{url}/v1/completions", json=body)
+        statuses[response.status_code] += 1
+
+
+async def measure(url: str, concurrency: int, duration_s: float, prompts: list[str]) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        idle: list[float] = []
+        stop = asyncio.Event()
+        task = asyncio.create_task(probe(client, url, stop, idle))
+        await asyncio.sleep(3)
+        stop.set()
+        await task
+        loaded: list[float] = []
+        statuses: Counter[int] = Counter()
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(load(client, url, stop, prompts, statuses)) for _ in range(concurrency)]
+        probe_task = asyncio.create_task(probe(client, url, stop, loaded))
+        await asyncio.sleep(duration_s)
+        stop.set()
+        await asyncio.gather(probe_task, *tasks)
+    return {"idle_health_ms": summary_ms(idle), "loaded_health_ms": summary_ms(loaded),
+            "responses": dict(statuses), "requests_per_s": sum(statuses.values()) / duration_s}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--target", action="append", required=True, help="name=url, repeatable")
+    parser.add_argument("--concurrency", type=int, default=60)
+    parser.add_argument("--words", type=int, default=15000, help="words per prompt (~2 tokens each)")
+    parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--out", default=None, help="write JSON results here")
+    opts = parser.parse_args()
+    prompts = [long_prompt(opts.words, seed) for seed in range(8)]
+    results: dict[str, Any] = {"concurrency": opts.concurrency, "words_per_prompt": opts.words,
+                               "duration_s": opts.duration, "targets": {}}  # fmt: skip
+    for target in opts.target:
+        name, url = target.split("=", 1)
+        results["targets"][name] = asyncio.run(measure(url, opts.concurrency, opts.duration, prompts))
+        print(name, json.dumps(results["targets"][name]), flush=True)
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

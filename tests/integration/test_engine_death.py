@@ -1,0 +1,55 @@
+"""A dead engine turns `/health` red within seconds; Serve replaces the replica and the graph recovers.
+
+Runs last among the integration tests (`zz` sorts after the others): it breaks the shared graph and
+waits for Serve to repair it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import httpx
+import psutil
+from ray._private import state
+
+from tests.integration.support import wait_for
+
+
+def llm_replica_pid() -> int:
+    alive = [a for a in state.actors().values()
+             if a["ActorClassName"] == "ServeReplica:llm-app:llm" and a["State"] == "ALIVE"]  # fmt: skip
+    assert len(alive) == 1
+    return int(alive[0]["Pid"])
+
+
+def engine_core_pid(replica_pid: int) -> int:
+    cores = [p for p in psutil.Process(replica_pid).children(recursive=True) if "EngineCore" in p.name()
+             or "EngineCore" in " ".join(p.cmdline())]  # fmt: skip
+    assert len(cores) == 1, cores
+    return int(cores[0].pid)
+
+
+def health_status(base_url: str) -> int:
+    try:
+        return httpx.get(f"{base_url}/health", timeout=2).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+def test_zz_engine_death_is_reported_and_repaired(graph: str, client: Any) -> None:
+    replica = llm_replica_pid()
+    os.kill(engine_core_pid(replica), signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: health_status(graph) == 503, 15, "/health to report the dead engine")
+    detected_s = time.monotonic() - killed_at
+    body = httpx.get(f"{graph}/health", timeout=2).json()
+    assert body["stages"]["llm"] != "ok"
+    wait_for(lambda: health_status(graph) == 200, 180, "Serve to replace the llm replica")
+    assert llm_replica_pid() != replica
+    response = client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "hi"}],
+                                              max_tokens=2)  # fmt: skip
+    assert response.choices[0].message.content is not None
+    assert detected_s < 15

@@ -1,0 +1,124 @@
+"""The OpenAI API through the real graph, with the official `openai` client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from ray import serve
+
+from tests.integration.support import APP
+
+MESSAGES = [{"role": "user", "content": "Say something about the standard library."}]
+
+
+def chat_prompt_tokens(tokenizer: Any, messages: list[dict[str, str]]) -> int:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_stages_are_separate_deployments(graph: str) -> None:
+    status = serve.status().applications[APP]
+    assert status.status == "RUNNING"
+    assert set(status.deployments) == {"ingress", "tokenizer", "llm"}
+    assert all(d.status == "HEALTHY" for d in status.deployments.values())
+
+
+def test_models(client: Any) -> None:
+    models = client.models.list().data
+    assert [m.id for m in models] == ["tiny-chat"]
+
+
+def test_chat_completion(client: Any, reference_tokenizer: Any) -> None:
+    response = client.chat.completions.create(model="tiny-chat", messages=MESSAGES, max_tokens=7)
+    choice = response.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.message.content
+    assert choice.finish_reason in ("length", "stop")
+    assert response.usage.prompt_tokens == chat_prompt_tokens(reference_tokenizer, MESSAGES)
+    assert 1 <= response.usage.completion_tokens <= 7
+    assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
+
+
+def test_chat_stream_with_usage(client: Any, reference_tokenizer: Any) -> None:
+    stream = client.chat.completions.create(
+        model="tiny-chat",
+        messages=MESSAGES,
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.prompt_tokens == chat_prompt_tokens(reference_tokenizer, MESSAGES)
+    assert text
+
+
+def test_stream_ends_with_done(graph: str) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{graph}/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert "x-tokenizer-time" in response.headers
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+
+
+def test_n_seed_and_logprobs(client: Any) -> None:
+    kwargs: dict[str, Any] = dict(model="tiny-chat", messages=MESSAGES, max_tokens=5, n=3, seed=7,
+                                  temperature=1.0, logprobs=True, top_logprobs=2)  # fmt: skip
+    first = client.chat.completions.create(**kwargs)
+    again = client.chat.completions.create(**kwargs)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert [c.message.content for c in first.choices] == [c.message.content for c in again.choices]
+    for choice in first.choices:
+        content = choice.logprobs.content
+        assert len(content) == len(choice.logprobs.content) >= 1
+        assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+def test_stop_string(client: Any) -> None:
+    full = client.completions.create(model="tiny-chat", prompt="import os", max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True})  # fmt: skip
+    text = full.choices[0].text
+    stop = text[len(text) // 2 :][:3]
+    assert stop.strip()
+    cut = client.completions.create(model="tiny-chat", prompt="import os", max_tokens=12, temperature=0,
+                                    stop=[stop], extra_body={"ignore_eos": True})  # fmt: skip
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[: text.index(stop)]
+
+
+def test_completions_list_prompt_and_stream(client: Any, reference_tokenizer: Any) -> None:
+    prompts = ["def main():", "class Foo:"]
+    response = client.completions.create(model="tiny-chat", prompt=prompts, max_tokens=4, n=2, logprobs=1)
+    assert [c.index for c in response.choices] == [0, 1, 2, 3]
+    assert response.usage.prompt_tokens == sum(len(reference_tokenizer.encode(p)) for p in prompts)
+    assert all(len(c.logprobs.tokens) == len(c.logprobs.token_logprobs) for c in response.choices)
+    stream = client.completions.create(model="tiny-chat", prompt=prompts[0], max_tokens=4, stream=True,
+                                       stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})  # fmt: skip
+    chunks = list(stream)
+    assert chunks[-1].usage.completion_tokens == 4
+
+
+def test_tokenize_detokenize(graph: str, reference_tokenizer: Any) -> None:
+    ids = httpx.post(f"{graph}/tokenize", json={"prompt": "hello world"}, timeout=10).json()
+    assert ids["tokens"] == reference_tokenizer.encode("hello world")
+    assert ids["max_model_len"] == 4096
+    text = httpx.post(f"{graph}/detokenize", json={"tokens": ids["tokens"]}, timeout=10).json()
+    assert text == {"prompt": "hello world"}
+
+
+def test_metrics(graph: str, client: Any) -> None:
+    client.completions.create(model="tiny-chat", prompt="x", max_tokens=2)
+    text = httpx.get(f"{graph}/metrics", timeout=10).text
+    assert 'serve_graph_requests_total{endpoint="/v1/completions",status="200"}' in text
+    assert 'serve_graph_stage_seconds_count{stage="tokenizer"}' in text
+    assert "vllm:" in text
