@@ -9,9 +9,9 @@ The multimodal and vocoder stages plug in here the same way when they land: a st
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from ray.serve import Application
+from ray.serve import Application, Deployment
 
 from deployments.ingress import Ingress
 from deployments.llm import LLM
@@ -22,4 +22,6 @@ from serve_app.config import AppArgs, parse_app_args
 def build_app(args: dict[str, Any] | AppArgs) -> Application:
     """Validate the YAML `args:` (fails naming the bad field) and bind the graph."""
     app_args = parse_app_args(args)
-    return Ingress.bind(app_args, Tokenizer.bind(app_args), LLM.bind(app_args))
+    # `@serve.deployment` turns each class into a Deployment; mypy still sees the class.
+    ingress, tokenizer, llm = (cast(Deployment, d) for d in (Ingress, Tokenizer, LLM))
+    return ingress.bind(app_args, tokenizer.bind(app_args), llm.bind(app_args))

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 from ray.serve.exceptions import BackPressureError
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from serve_app.errors import OverloadedError
 from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
@@ -19,7 +19,7 @@ def _overloaded(stage: str, exc: BackPressureError) -> OverloadedError:
 
 
 class HandleTokenizer:
-    def __init__(self, handle: DeploymentHandle) -> None:
+    def __init__(self, handle: DeploymentHandle[Any]) -> None:
         self._handle = handle
 
     async def _call(self, method: str, *args: Any) -> Any:
@@ -40,13 +40,16 @@ class HandleTokenizer:
 
 
 class HandleLLM:
-    def __init__(self, handle: DeploymentHandle) -> None:
+    def __init__(self, handle: DeploymentHandle[Any]) -> None:
         self._handle = handle
         self._stream = handle.options(stream=True)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         try:
-            async for chunk in self._stream.generate.remote(request):
+            response = self._stream.generate.remote(request)
+            # options(stream=True) makes this a generator; Serve's return type is a union.
+            assert isinstance(response, DeploymentResponseGenerator)
+            async for chunk in response:
                 yield chunk
         except BackPressureError as exc:
             raise _overloaded("llm", exc) from exc

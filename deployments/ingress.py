@@ -6,6 +6,8 @@ deployments, so this replica's event loop stays free to answer `/health` under l
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -20,7 +22,7 @@ from serve_app.ingress.pipeline import Services
                   ray_actor_options={"num_cpus": 0.5})  # fmt: skip
 @serve.ingress()
 class Ingress:
-    def __init__(self, args: AppArgs, tokenizer: DeploymentHandle, llm: DeploymentHandle) -> None:
+    def __init__(self, args: AppArgs, tokenizer: DeploymentHandle[Any], llm: DeploymentHandle[Any]) -> None:
         self._services = Services.create(args, HandleTokenizer(tokenizer), HandleLLM(llm))
 
     def __serve_build_asgi_app__(self) -> FastAPI:

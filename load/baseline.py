@@ -27,7 +27,8 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     opts = parser.parse_args()
-    app_cfg = yaml.safe_load(open(opts.config))["applications"][0]
+    with open(opts.config) as f:
+        app_cfg = yaml.safe_load(f)["applications"][0]
     for deployment in app_cfg.get("deployments", []):
         env = deployment.get("ray_actor_options", {}).get("runtime_env", {}).get("env_vars", {})
         for key, value in env.items():

@@ -82,6 +82,13 @@ class _RequestMetrics:
         gauge.inc()
         try:
             await self.app(scope, receive, send_and_record)
+        except Exception as exc:
+            # Starlette answers these outside this middleware (the `Exception` handler below runs in
+            # ServerErrorMiddleware), so record the status that handler will send.
+            if status == "disconnected":
+                error = find_openai_error(exc)
+                status = str(error.status_code if error is not None else 500)
+            raise
         finally:
             gauge.dec()
             self.metrics.requests.labels(endpoint, status).inc()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 Check = Callable[[], Awaitable[None]]
@@ -23,7 +23,7 @@ class StageHealth:
 
 
 class HealthMonitor:
-    def __init__(self, checks: dict[str, Check], interval_s: float, timeout_s: float) -> None:
+    def __init__(self, checks: Mapping[str, Check], interval_s: float, timeout_s: float) -> None:
         self._checks = checks
         self._interval_s = interval_s
         self._timeout_s = timeout_s

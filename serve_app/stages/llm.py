@@ -9,7 +9,7 @@ only detokenizes its own output incrementally, which stop strings need.
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -24,7 +24,7 @@ _LOGPROB_FLOOR = -9999.0
 class Engine(Protocol):
     """The part of vLLM's `AsyncLLM` this stage uses."""
 
-    def generate(self, prompt: Any, sampling_params: Any, request_id: str) -> AsyncIterator[Any]: ...
+    def generate(self, prompt: Any, sampling_params: Any, request_id: str) -> AsyncGenerator[Any, None]: ...
 
     async def check_health(self) -> None: ...
 
