@@ -10,8 +10,11 @@ ENGINE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >
 export VLLM_CACHE_ROOT := $(CURDIR)/.cache/vllm
 export TORCHINDUCTOR_CACHE_DIR := $(CURDIR)/.cache/inductor
 export RAY_USAGE_STATS_ENABLED := 0
+# Ray 2.60 enables token auth on new clusters (token in ~/.ray/auth_token); the `serve` CLI only sends
+# the token when this is set.
+export RAY_AUTH_MODE := token
 
-.PHONY: serve test setup models lint stop
+.PHONY: serve status test setup models lint stop
 
 setup: $(VENV)/.installed
 
@@ -34,6 +37,9 @@ $(MODEL)/.complete: $(VENV)/.installed
 serve: setup models
 	$(BIN)/ray status >/dev/null 2>&1 || $(BIN)/ray start --head --dashboard-host=127.0.0.1 --disable-usage-stats
 	$(BIN)/serve run $(CONFIG)
+
+status:
+	$(BIN)/serve status
 
 stop:
 	-$(BIN)/serve shutdown -y

@@ -55,7 +55,12 @@ class HandleLLM:
             raise _overloaded("llm", exc) from exc
 
     async def check_health(self) -> None:
-        await self._handle.ping.remote()
+        try:
+            await self._handle.ping.remote()
+        except BackPressureError:
+            # Rejected by full queues means replicas are up and working, not dead; admission control
+            # reports the overload to the requests themselves.
+            return
 
     async def metrics_text(self) -> str:
         return str(await self._handle.metrics_text.remote())

@@ -1,0 +1,110 @@
+"""Latency the graph adds over calling the engine directly, measured side by side in one run.
+
+Each round sends the same prompt three ways, interleaved so machine noise hits all alike:
+the graph over HTTP (streaming chat), optionally another server (e.g. `load.baseline`), and the
+engine itself in this process (`LLMStage` on an `AsyncLLM`, given the token ids). TTFT is request
+sent -> first generated token; E2E is request sent -> last token.
+`python -m load.overhead --target graph=http://127.0.0.1:8000 --rounds 40`
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+import uuid
+from typing import Any
+
+import httpx
+import yaml
+
+from load.stats import summary_ms
+from serve_app.config import parse_app_args
+from serve_app.messages import ChatPrompt, GenerateRequest, SamplingSpec, TokenizeRequest
+from serve_app.stages.llm import LLMStage
+from serve_app.stages.tokenizer import TokenizerStage
+
+MESSAGES = [{"role": "user", "content": "Summarize what a serving graph does, in one short paragraph."}]
+
+
+async def over_http(client: httpx.AsyncClient, url: str, max_tokens: int) -> tuple[float, float]:
+    body = {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
+    start = time.perf_counter()
+    ttft = None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if ttft is None and line.startswith("data: {") and '"content":"' in line:
+                ttft = time.perf_counter() - start
+    assert ttft is not None, f"{url}: no token received"
+    return ttft, time.perf_counter() - start
+
+
+async def direct(stage: LLMStage, token_ids: list[int], max_tokens: int) -> tuple[float, float]:
+    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    ttft = None
+    async for chunk in stage.generate(GenerateRequest(uuid.uuid4().hex, token_ids, spec)):
+        if ttft is None and any(d.token_ids for d in chunk.deltas):
+            ttft = time.perf_counter() - start
+    assert ttft is not None
+    return ttft, time.perf_counter() - start
+
+
+async def run(opts: argparse.Namespace) -> dict[str, Any]:
+    with open(opts.config) as f:
+        app_cfg = yaml.safe_load(f)["applications"][0]
+    for deployment in app_cfg.get("deployments", []):
+        env = deployment.get("ray_actor_options", {}).get("runtime_env", {}).get("env_vars", {})
+        for key, value in env.items():
+            os.environ.setdefault(key, str(value))
+    args = parse_app_args(app_cfg["args"])
+    tokenizer = TokenizerStage.from_args(args)
+    token_ids = tokenizer.tokenize(TokenizeRequest(ChatPrompt(MESSAGES), add_special_tokens=False)).token_ids
+    stage = LLMStage.from_args(args)
+    targets = dict(t.split("=", 1) for t in opts.target)
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in [*targets, "engine_direct"]}
+    async with httpx.AsyncClient(timeout=120) as client:
+        for round_ in range(opts.rounds + opts.warmup):
+            for name, url in targets.items():
+                result = await over_http(client, url, opts.max_tokens)
+                if round_ >= opts.warmup:
+                    samples[name].append(result)
+            result = await direct(stage, token_ids, opts.max_tokens)
+            if round_ >= opts.warmup:
+                samples["engine_direct"].append(result)
+    stage.shutdown()
+    report: dict[str, Any] = {"rounds": opts.rounds, "max_tokens": opts.max_tokens,
+                              "prompt_tokens": len(token_ids), "targets": {}}  # fmt: skip
+    for name, pairs in samples.items():
+        report["targets"][name] = {"ttft_ms": summary_ms([p[0] for p in pairs]),
+                                   "e2e_ms": summary_ms([p[1] for p in pairs])}  # fmt: skip
+    base = report["targets"]["engine_direct"]
+    for name in targets:
+        t = report["targets"][name]
+        t["added_ttft_ms_p50"] = t["ttft_ms"]["p50"] - base["ttft_ms"]["p50"]
+        t["added_e2e_ms_p50"] = t["e2e_ms"]["p50"] - base["e2e_ms"]["p50"]
+        t["added_per_token_ms_p50"] = t["added_e2e_ms_p50"] / opts.max_tokens
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--target", action="append", required=True, help="name=url, repeatable")
+    parser.add_argument("--config", default="configs/cpu-tiny.yaml", help="engine args for the direct engine")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", default=None)
+    opts = parser.parse_args()
+    report = asyncio.run(run(opts))
+    print(json.dumps(report, indent=2))
+    if opts.out:
+        with open(opts.out, "w") as f:
+            json.dump(report, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
