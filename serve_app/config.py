@@ -48,9 +48,7 @@ class EngineConfig(_Strict):
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."
     )
-    max_num_seqs: int = Field(
-        default=256, ge=1, le=4096, description="Sequences the engine schedules in one step."
-    )
+    max_num_seqs: int = Field(default=256, ge=1, le=4096, description="Sequences the engine schedules in one step.")
     max_num_batched_tokens: int | None = Field(
         default=None, ge=16, description="Token budget of one engine step; vLLM picks one when unset."
     )

@@ -103,9 +103,7 @@ def create_app(services: Services) -> FastAPI:
         yield
         await services.health.stop()
 
-    app = FastAPI(
-        title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan
-    )
+    app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
     app.add_middleware(_RequestMetrics, services=services)
 
     @app.exception_handler(OpenAIError)

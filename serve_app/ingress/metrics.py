@@ -27,9 +27,7 @@ class IngressMetrics:
             "llm_first_chunk (generate call to first chunk), total.",
             ["stage"], buckets=_BUCKETS, registry=self.registry,
         )  # fmt: skip
-        self.tokens = Counter(
-            "serve_graph_tokens", "Prompt and generated tokens.", ["kind"], registry=self.registry
-        )
+        self.tokens = Counter("serve_graph_tokens", "Prompt and generated tokens.", ["kind"], registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

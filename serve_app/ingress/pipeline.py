@@ -79,9 +79,7 @@ def check_limits(services: Services, request: SamplingRequest, logprobs: int | N
     if request.n > limits.max_n:
         raise BadRequestError(f"n must be at most {limits.max_n}, got {request.n}.", param="n")
     if logprobs is not None and logprobs > limits.max_logprobs:
-        raise BadRequestError(
-            f"logprobs must be at most {limits.max_logprobs}, got {logprobs}.", param="logprobs"
-        )
+        raise BadRequestError(f"logprobs must be at most {limits.max_logprobs}, got {logprobs}.", param="logprobs")
 
 
 async def start_stream(

@@ -126,9 +126,7 @@ class TokenizerStage:
     def _render_chat(self, tok: Any, prompt: ChatPrompt) -> str:
         if not prompt.messages:
             raise BadRequestError("messages must not be empty.", param="messages")
-        messages = [
-            {**m, "content": _message_text(m.get("content"), i)} for i, m in enumerate(prompt.messages)
-        ]
+        messages = [{**m, "content": _message_text(m.get("content"), i)} for i, m in enumerate(prompt.messages)]
         if prompt.continue_final_message and prompt.add_generation_prompt:
             raise BadRequestError(
                 "continue_final_message and add_generation_prompt cannot both be true.",
@@ -151,9 +149,7 @@ class TokenizerStage:
     def _check_ids(self, token_ids: list[int], param: str) -> None:
         bad = next((t for t in token_ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise BadRequestError(
-                f"Token id {bad} is out of vocabulary (size {self.vocab_size}).", param=param
-            )
+            raise BadRequestError(f"Token id {bad} is out of vocabulary (size {self.vocab_size}).", param=param)
 
     def _truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
         if keep is None:

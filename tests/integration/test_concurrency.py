@@ -46,9 +46,7 @@ async def test_prompt_tokens_exact_with_mixed_truncation(aclient: Any, reference
     async def one(text: str, truncate: int | None) -> int:
         extra = {} if truncate is None else {"truncate_prompt_tokens": truncate}
         async with semaphore:
-            response = await aclient.completions.create(
-                model="tiny-chat", prompt=text, max_tokens=1, extra_body=extra
-            )
+            response = await aclient.completions.create(model="tiny-chat", prompt=text, max_tokens=1, extra_body=extra)
         return int(response.usage.prompt_tokens)
 
     got = await asyncio.gather(*(one(text, truncate) for text, truncate in cases))

@@ -32,13 +32,9 @@ BAD_REQUESTS: list[tuple[str, Any, int, str | None]] = [
 
 
 @pytest.mark.parametrize(("path", "body", "status", "param"), BAD_REQUESTS)
-def test_bad_request_is_openai_error(
-    graph: str, path: str, body: Any, status: int, param: str | None
-) -> None:
+def test_bad_request_is_openai_error(graph: str, path: str, body: Any, status: int, param: str | None) -> None:
     kwargs: dict[str, Any] = {"content": body} if isinstance(body, bytes) else {"json": body}
-    response = httpx.post(
-        f"{graph}{path}", headers={"content-type": "application/json"}, timeout=30, **kwargs
-    )
+    response = httpx.post(f"{graph}{path}", headers={"content-type": "application/json"}, timeout=30, **kwargs)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["message"]

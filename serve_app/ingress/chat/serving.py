@@ -93,9 +93,7 @@ async def create_chat_completion(services: Services, request: ChatCompletionRequ
     return JSONResponse(body, headers=timing_headers(stream.timings))
 
 
-async def _events(
-    request: ChatCompletionRequest, stream: Stream, model: str
-) -> AsyncIterator[dict[str, Any]]:
+async def _events(request: ChatCompletionRequest, stream: Stream, model: str) -> AsyncIterator[dict[str, Any]]:
     created = int(time.time())
     options = request.stream_options
     include_usage = bool(options and options.include_usage)

@@ -1,0 +1,166 @@
+"""Shared setup of the unit tests: the tiny model, app args, a real tokenizer stage and a fake LLM.
+
+Nothing here starts Ray or a vLLM engine: the stages are called in-process.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from serve_app.config import AppArgs, parse_app_args
+from serve_app.ingress.app import create_app
+from serve_app.ingress.clients import LocalTokenizer
+from serve_app.ingress.pipeline import Services
+from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, TokenLogprob
+from serve_app.models.tiny_chat import ensure_tiny_chat_model
+from serve_app.stages.tokenizer import TokenizerStage
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL_NAME = "tiny-chat"
+MAX_MODEL_LEN = 128
+MAX_N = 4
+MAX_LOGPROBS = 5
+MAX_PROMPTS = 8
+# What FakeLLM "generates": token id and text of every generated token, and its logprob candidates.
+FAKE_TOKEN_ID = 64
+FAKE_CANDIDATES = [
+    ("a", -0.5, [97]),
+    ("b", -1.5, [98]),
+    ("c", -2.5, [99]),
+    ("d", -3.5, [100]),
+    ("e", -4.5, [101]),
+    ("f", -5.5, [102]),
+]
+
+
+class FakeLLM:
+    """An `LLMClient` that answers every request deterministically from the GenerateRequest.
+
+    Each of the `n` choices gets `max_tokens` tokens "a", one per chunk; the last chunk has
+    finish_reason "length". With `logprobs=k` each token carries the first k of FAKE_CANDIDATES.
+    """
+
+    def __init__(self) -> None:
+        self.requests: list[GenerateRequest] = []
+        self.closed: list[str] = []  # request ids whose stream was closed before its end
+        self.error: BaseException | None = None  # raised instead of the first chunk when set
+        self.health_error: BaseException | None = None
+        self.metrics_error: BaseException | None = None
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        self.requests.append(request)
+        if self.error is not None:
+            raise self.error
+        spec = request.sampling
+        logprobs = None
+        if spec.logprobs is not None:
+            logprobs = [TokenLogprob("a", -0.5, [97], FAKE_CANDIDATES[: spec.logprobs])]
+        try:
+            for step in range(spec.max_tokens):
+                last = step == spec.max_tokens - 1
+                deltas = [
+                    ChoiceDelta(i, "a", [FAKE_TOKEN_ID], "length" if last else None, None, logprobs)
+                    for i in range(spec.n)
+                ]
+                yield GenerationChunk(deltas, len(request.prompt_token_ids), last)
+        except GeneratorExit:
+            self.closed.append(request.request_id)
+            raise
+
+    async def check_health(self) -> None:
+        if self.health_error is not None:
+            raise self.health_error
+
+    async def metrics_text(self) -> str:
+        if self.metrics_error is not None:
+            raise self.metrics_error
+        return "# TYPE fake_llm_up gauge\nfake_llm_up 1.0\n"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> Path:
+    return ensure_tiny_chat_model(REPO / "models" / "tiny-chat")
+
+
+@pytest.fixture(scope="session")
+def raw_args(tiny_model_path: Path) -> dict[str, Any]:
+    return {
+        "model": {
+            "path": str(tiny_model_path),
+            "served_model_name": MODEL_NAME,
+            "max_model_len": MAX_MODEL_LEN,
+        },
+        "tokenizer": {"threads": 2},
+        "limits": {"max_n": MAX_N, "max_logprobs": MAX_LOGPROBS, "max_prompts_per_request": MAX_PROMPTS},
+        # Long interval: after the first poll at startup, only the tests change the health state.
+        "health": {"poll_interval_s": 60.0, "timeout_s": 5.0},
+    }
+
+
+@pytest.fixture(scope="session")
+def app_args(raw_args: dict[str, Any]) -> AppArgs:
+    return parse_app_args(raw_args)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(tiny_model_path: Path) -> Any:
+    """The model's Hugging Face tokenizer, used single-threaded to compute expected ids."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_model_path))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_stage(app_args: AppArgs) -> Iterator[TokenizerStage]:
+    stage = TokenizerStage.from_args(app_args)
+    yield stage
+    stage.close()
+
+
+@pytest.fixture
+def fake_llm() -> FakeLLM:
+    return FakeLLM()
+
+
+@pytest.fixture
+def services(app_args: AppArgs, tokenizer_stage: TokenizerStage, fake_llm: FakeLLM) -> Services:
+    return Services.create(app_args, LocalTokenizer(tokenizer_stage), fake_llm)
+
+
+@pytest.fixture
+def client(services: Services) -> TestClient:
+    """The ingress app without its lifespan: the health monitor is not running."""
+    return TestClient(create_app(services))
+
+
+@pytest.fixture(scope="session")
+def chat_ids(hf_tokenizer: Any) -> Any:
+    """Expected prompt ids of a chat conversation, computed with the HF tokenizer directly."""
+
+    def ids(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+        text = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+        return list(hf_tokenizer.encode(text, add_special_tokens=False))
+
+    return ids
+
+
+@pytest.fixture
+def sse_events() -> Any:
+    """The events of an SSE response body: parsed JSON payloads, and the final "[DONE]" as a string."""
+
+    def parse(body: str) -> list[Any]:
+        assert body.endswith("\n\n")
+        events = []
+        for block in body.split("\n\n")[:-1]:
+            assert block.startswith("data: "), block
+            data = block[len("data: ") :]
+            events.append(data if data == "[DONE]" else json.loads(data))
+        return events
+
+    return parse

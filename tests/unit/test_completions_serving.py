@@ -1,0 +1,131 @@
+"""serve_app/ingress/completions/serving.py through the app: `/v1/completions` with FakeLLM."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from serve_app.errors import BadRequestError
+
+COMPLETIONS = "/v1/completions"
+
+
+def test_single_prompt(client: TestClient, fake_llm: Any, hf_tokenizer: Any) -> None:
+    response = client.post(COMPLETIONS, json={"model": "tiny-chat", "prompt": "Once upon a time", "max_tokens": 3})
+    assert response.status_code == 200
+    body = response.json()
+    prompt_ids = hf_tokenizer.encode("Once upon a time")
+    assert body["id"].startswith("cmpl-")
+    assert (body["object"], body["model"]) == ("text_completion", "tiny-chat")
+    assert body["choices"] == [
+        {"index": 0, "text": "aaa", "logprobs": None, "finish_reason": "length", "stop_reason": None}
+    ]
+    assert body["usage"] == {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": 3,
+        "total_tokens": len(prompt_ids) + 3,
+    }
+    [request] = fake_llm.requests
+    assert (request.prompt_token_ids, request.request_id) == (prompt_ids, f"{body['id']}-0")
+    assert "x-tokenizer-time" in response.headers
+
+
+def test_list_of_prompts_gives_indices_p_times_n_plus_i(client: TestClient, fake_llm: Any, hf_tokenizer: Any) -> None:
+    prompts = ["Hello", "A longer prompt than the first one"]
+    body = client.post(COMPLETIONS, json={"prompt": prompts, "n": 2, "max_tokens": 2}).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert [c["text"] for c in body["choices"]] == ["aa"] * 4
+    prompt_tokens = sum(len(hf_tokenizer.encode(p)) for p in prompts)
+    assert body["usage"] == {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 8,
+        "total_tokens": prompt_tokens + 8,
+    }
+    by_id = {r.request_id: r.prompt_token_ids for r in fake_llm.requests}
+    assert by_id == {f"{body['id']}-{p}": hf_tokenizer.encode(text) for p, text in enumerate(prompts)}
+
+
+def test_token_id_prompts(client: TestClient, fake_llm: Any) -> None:
+    body = client.post(COMPLETIONS, json={"prompt": [5, 6, 7], "max_tokens": 1}).json()
+    assert fake_llm.requests[0].prompt_token_ids == [5, 6, 7]
+    assert body["usage"]["prompt_tokens"] == 3
+    body = client.post(COMPLETIONS, json={"prompt": [[5, 6], [7]], "max_tokens": 1}).json()
+    assert sorted(r.prompt_token_ids for r in fake_llm.requests[1:]) == [[5, 6], [7]]
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+
+
+def test_echo(client: TestClient) -> None:
+    body = client.post(COMPLETIONS, json={"prompt": ["Hello world", "Bye"], "echo": True, "max_tokens": 2}).json()
+    assert [c["text"] for c in body["choices"]] == ["Hello worldaa", "Byeaa"]
+
+
+def test_logprobs(client: TestClient, fake_llm: Any) -> None:
+    body = client.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 2, "logprobs": 2}).json()
+    assert fake_llm.requests[0].sampling.logprobs == 2
+    assert body["choices"][0]["logprobs"] == {
+        "tokens": ["a", "a"],
+        "token_logprobs": [-0.5, -0.5],
+        "top_logprobs": [{"a": -0.5, "b": -1.5}] * 2,
+        "text_offset": [0, 1],
+    }
+
+
+def test_streaming(client: TestClient, sse_events: Any, hf_tokenizer: Any) -> None:
+    body = {
+        "prompt": ["Hello", "Bye now"],
+        "n": 2,
+        "max_tokens": 2,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    response = client.post(COMPLETIONS, json=body)
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response.text)
+    assert events[-1] == "[DONE]"
+    chunks, usage = events[:-2], events[-2]
+    assert len(chunks) == 8
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    for index in range(4):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert "".join(m["text"] for m in mine) == "aa"
+        assert [m["finish_reason"] for m in mine] == [None, "length"]
+    prompt_tokens = len(hf_tokenizer.encode("Hello")) + len(hf_tokenizer.encode("Bye now"))
+    assert usage["choices"] == []
+    assert usage["usage"] == {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 8,
+        "total_tokens": prompt_tokens + 8,
+    }
+
+
+def test_streaming_echo_comes_first_once(client: TestClient, sse_events: Any) -> None:
+    events = sse_events(
+        client.post(COMPLETIONS, json={"prompt": "Hey", "echo": True, "max_tokens": 3, "stream": True}).text
+    )
+    assert [e["choices"][0]["text"] for e in events[:-1]] == ["Heya", "a", "a"]
+
+
+def test_streaming_logprob_offsets_continue(client: TestClient, sse_events: Any) -> None:
+    events = sse_events(
+        client.post(COMPLETIONS, json={"prompt": "Hi", "logprobs": 1, "max_tokens": 3, "stream": True}).text
+    )
+    offsets = [e["choices"][0]["logprobs"]["text_offset"] for e in events[:-1]]
+    assert offsets == [[0], [1], [2]]
+    assert events[0]["choices"][0]["logprobs"]["top_logprobs"] == [{"a": -0.5}]
+
+
+def test_one_bad_prompt_fails_the_request_and_closes_the_others(client: TestClient, fake_llm: Any) -> None:
+    response = client.post(COMPLETIONS, json={"prompt": ["fine", "word " * 200], "max_tokens": 2})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "context_length_exceeded"
+    [started] = fake_llm.requests  # the good prompt's stream was started, then closed
+    assert started.request_id.endswith("-0")
+    assert fake_llm.closed == [started.request_id]
+
+
+def test_llm_rejection_of_one_prompt(client: TestClient, fake_llm: Any) -> None:
+    fake_llm.error = BadRequestError("n must be 1 when using greedy sampling", param="n")
+    response = client.post(COMPLETIONS, json={"prompt": ["a", "b"], "max_tokens": 1})
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "n"

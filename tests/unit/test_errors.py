@@ -1,0 +1,131 @@
+"""serve_app/errors.py: the OpenAI error shape, pickling across Ray, and finding errors in chains."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from serve_app.errors import (
+    BadRequestError,
+    EngineDeadError,
+    NotFoundError,
+    OpenAIError,
+    OverloadedError,
+    ServiceUnavailableError,
+    find_openai_error,
+)
+
+ALL = [OpenAIError, BadRequestError, NotFoundError, ServiceUnavailableError, EngineDeadError, OverloadedError]
+
+
+class Wrapper(Exception):
+    """Like Ray's RayTaskError: the original exception is in `.cause`, not in `__cause__`."""
+
+    def __init__(self, cause: object) -> None:
+        super().__init__("wrapped")
+        self.cause = cause
+
+
+@pytest.mark.parametrize(
+    ("cls", "status", "error_type"),
+    [
+        (OpenAIError, 500, "InternalServerError"),
+        (BadRequestError, 400, "BadRequestError"),
+        (NotFoundError, 404, "NotFoundError"),
+        (ServiceUnavailableError, 503, "ServiceUnavailableError"),
+        (EngineDeadError, 503, "ServiceUnavailableError"),
+        (OverloadedError, 503, "ServiceUnavailableError"),
+    ],
+)
+def test_to_dict_without_code_uses_the_status(cls: type[OpenAIError], status: int, error_type: str) -> None:
+    error = cls("something went wrong")
+    assert error.status_code == status
+    assert error.to_dict() == {
+        "error": {"message": "something went wrong", "type": error_type, "param": None, "code": status}
+    }
+
+
+def test_to_dict_with_param_and_code() -> None:
+    error = BadRequestError("too long", param="messages", code="context_length_exceeded")
+    assert error.to_dict() == {
+        "error": {
+            "message": "too long",
+            "type": "BadRequestError",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+    assert str(error) == "too long"
+
+
+def test_hierarchy() -> None:
+    assert issubclass(EngineDeadError, ServiceUnavailableError)
+    assert issubclass(OverloadedError, ServiceUnavailableError)
+    assert OverloadedError.retry_after_s == 1
+
+
+@pytest.mark.parametrize("cls", ALL)
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+def test_pickle_round_trip_keeps_class_and_fields(cls: type[OpenAIError], protocol: int) -> None:
+    error = cls("bad thing", param="top_p", code="invalid_value")
+    copy = pickle.loads(pickle.dumps(error, protocol=protocol))
+    assert type(copy) is cls
+    assert (copy.message, copy.param, copy.code) == ("bad thing", "top_p", "invalid_value")
+    assert str(copy) == "bad thing"
+    assert copy.to_dict() == error.to_dict()
+
+
+def test_pickle_round_trip_without_param_or_code() -> None:
+    copy = pickle.loads(pickle.dumps(NotFoundError("gone")))
+    assert (type(copy), copy.message, copy.param, copy.code) == (NotFoundError, "gone", None, None)
+
+
+def test_find_returns_the_error_itself() -> None:
+    error = BadRequestError("x")
+    assert find_openai_error(error) is error
+
+
+def test_find_through_cause_chain() -> None:
+    error = NotFoundError("no model")
+    try:
+        try:
+            try:
+                raise error
+            except NotFoundError as exc:
+                raise KeyError("lookup") from exc
+        except KeyError as exc:
+            raise RuntimeError("outer") from exc
+    except RuntimeError as outer:
+        assert find_openai_error(outer) is error
+
+
+def test_find_through_cause_attribute() -> None:
+    error = OverloadedError("busy")
+    assert find_openai_error(Wrapper(error)) is error
+    # `.cause` first, then the cause's own `__cause__` chain.
+    inner = RuntimeError("inner")
+    inner.__cause__ = error
+    assert find_openai_error(Wrapper(inner)) is error
+    assert find_openai_error(Wrapper(Wrapper(error))) is error
+
+
+def test_find_ignores_non_exception_cause_attribute() -> None:
+    error = BadRequestError("x")
+    wrapper = Wrapper("not an exception")
+    wrapper.__cause__ = error
+    assert find_openai_error(wrapper) is error
+
+
+def test_find_returns_none_without_openai_error() -> None:
+    assert find_openai_error(RuntimeError("plain")) is None
+    assert find_openai_error(Wrapper(ValueError("x"))) is None
+
+
+def test_find_stops_on_cycles() -> None:
+    a, b = RuntimeError("a"), RuntimeError("b")
+    a.__cause__, b.__cause__ = b, a
+    assert find_openai_error(a) is None
+    wrapper = Wrapper(None)
+    wrapper.cause = wrapper
+    assert find_openai_error(wrapper) is None

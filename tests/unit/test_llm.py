@@ -1,0 +1,310 @@
+"""serve_app/stages/llm.py driven by a fake engine (no vLLM engine process).
+
+vLLM's own `SamplingParams`, `Logprob` and `EngineDeadError` are the real classes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from vllm.logprobs import Logprob
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
+
+from serve_app.errors import BadRequestError, EngineDeadError, ServiceUnavailableError
+from serve_app.ingress.clients import LocalLLM
+from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
+from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
+
+
+@dataclass
+class FakeCompletion:  # shaped like vllm.outputs.CompletionOutput
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    logprobs: list[dict[int, Logprob]] | None = None
+
+
+@dataclass
+class FakeOutput:  # shaped like vllm.outputs.RequestOutput
+    outputs: list[FakeCompletion]
+    prompt_token_ids: list[int] | None = field(default_factory=lambda: [1, 2, 3])
+    finished: bool = False
+
+
+class FakeEngine:
+    """Yields `outputs`, then raises `error`; `wait` (an Event) makes it hang after the outputs."""
+
+    def __init__(self, outputs: list[FakeOutput], error: BaseException | None = None) -> None:
+        self.outputs = outputs
+        self.error = error
+        self.wait: asyncio.Event | None = None
+        self.waiting = asyncio.Event()
+        self.calls: list[tuple[Any, Any, str]] = []
+        self.exit: str | None = None
+        self.health_error: BaseException | None = None
+        self.shut_down = False
+
+    async def generate(self, prompt: Any, sampling_params: Any, request_id: str) -> AsyncIterator[Any]:
+        self.calls.append((prompt, sampling_params, request_id))
+        try:
+            for output in self.outputs:
+                yield output
+            if self.wait is not None:
+                self.waiting.set()
+                await self.wait.wait()
+            if self.error is not None:
+                raise self.error
+        except GeneratorExit:
+            self.exit = "closed"  # vLLM's AsyncLLM.generate aborts the request here
+            raise
+        except asyncio.CancelledError:
+            self.exit = "cancelled"
+            raise
+        self.exit = "finished"
+
+    async def check_health(self) -> None:
+        if self.health_error is not None:
+            raise self.health_error
+
+    def get_num_unfinished_requests(self) -> int:
+        return 7
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+def step(text: str, token_ids: list[int], finish: str | None = None, finished: bool = False) -> FakeOutput:
+    return FakeOutput([FakeCompletion(0, text, token_ids, finish_reason=finish)], finished=finished)
+
+
+def request(**sampling: Any) -> GenerateRequest:
+    return GenerateRequest("req-1", [1, 2, 3], SamplingSpec(**{"max_tokens": 8, **sampling}))
+
+
+async def collect(stage: LLMStage, req: GenerateRequest) -> list[GenerationChunk]:
+    return [chunk async for chunk in stage.generate(req)]
+
+
+async def test_chunks_are_converted() -> None:
+    outputs = [
+        FakeOutput([FakeCompletion(0, "He", [10, 11]), FakeCompletion(1, "Yo", [12])]),
+        FakeOutput(
+            [FakeCompletion(1, "!", [13], "stop", "!"), FakeCompletion(0, "y", [14], "length")],
+            prompt_token_ids=[1, 2, 3],
+            finished=True,
+        ),
+    ]
+    engine = FakeEngine(outputs)
+    chunks = await collect(LLMStage(engine), request(n=2))
+    assert chunks == [
+        GenerationChunk([ChoiceDelta(0, "He", [10, 11], None), ChoiceDelta(1, "Yo", [12], None)], 3, False),
+        GenerationChunk([ChoiceDelta(1, "!", [13], "stop", "!"), ChoiceDelta(0, "y", [14], "length")], 3, True),
+    ]
+    assert engine.exit == "finished"
+    [(prompt, params, request_id)] = engine.calls
+    assert prompt == {"prompt_token_ids": [1, 2, 3]}
+    assert request_id == "req-1"
+    assert (params.n, params.max_tokens, params.output_kind) == (2, 8, RequestOutputKind.DELTA)
+
+
+def test_to_chunk_without_prompt_ids() -> None:
+    chunk = to_chunk(FakeOutput([FakeCompletion(0, "", [])], prompt_token_ids=None), SamplingSpec(max_tokens=1))
+    assert chunk == GenerationChunk([ChoiceDelta(0, "", [], None)], 0, False)
+
+
+def test_to_sampling_params_maps_every_field() -> None:
+    spec = SamplingSpec(
+        max_tokens=17,
+        n=3,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.05,
+        seed=1234,
+        stop=["\n\n", "END"],
+        stop_token_ids=[2, 5],
+        ignore_eos=True,
+        min_tokens=2,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+        repetition_penalty=1.1,
+        logprobs=3,
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+    )
+    p = to_sampling_params(spec)
+    assert (p.max_tokens, p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (
+        17,
+        3,
+        0.7,
+        0.9,
+        40,
+        0.05,
+        1234,
+    )
+    assert (p.stop, p.stop_token_ids, p.ignore_eos, p.min_tokens) == (["\n\n", "END"], [2, 5], True, 2)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.1)
+    assert (p.logprobs, p.include_stop_str_in_output, p.skip_special_tokens) == (3, True, False)
+    assert p.output_kind == RequestOutputKind.DELTA
+
+
+def test_to_sampling_params_leaves_unset_fields_to_vllm() -> None:
+    p = to_sampling_params(SamplingSpec(max_tokens=4))
+    assert (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.repetition_penalty) == (
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        1.0,
+    )
+    assert (p.n, p.seed, p.logprobs, p.stop, p.skip_special_tokens) == (1, None, None, [], True)
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"n": 0}, "n must be at least 1"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"temperature": -1.0}, "temperature must be non-negative"),
+        ({"max_tokens": 0}, "max_tokens must be at least 1"),
+        ({"min_p": 2.0}, "min_p must be in [0, 1]"),
+        ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2]"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be greater than zero"),
+        ({"top_k": -2}, "top_k must be 0 (disable), or at least 1"),
+        ({"n": 2, "temperature": 0.0}, "n must be 1 when using greedy sampling"),
+        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens must be less than or equal to max_tokens"),
+    ],
+)
+def test_values_vllm_rejects_are_400(fields: dict[str, Any], words: str) -> None:
+    with pytest.raises(BadRequestError) as info:
+        to_sampling_params(SamplingSpec(**{"max_tokens": 8, **fields}))
+    assert info.value.status_code == 400
+    assert words in info.value.message
+
+
+async def test_invalid_sampling_fails_before_the_engine_is_called() -> None:
+    engine = FakeEngine([step("x", [1])])
+    with pytest.raises(BadRequestError):
+        await collect(LLMStage(engine), request(n=0))
+    assert engine.calls == []
+
+
+def test_logprobs_are_converted_with_floor_and_rank_order() -> None:
+    first = {
+        30: Logprob(-3.0, rank=3, decoded_token="c"),
+        10: Logprob(-0.5, rank=2, decoded_token="a"),
+        20: Logprob(-0.1, rank=1, decoded_token="b"),
+    }
+    second = {
+        22: Logprob(-20000.0, rank=2, decoded_token="x"),
+        11: Logprob(-math.inf, rank=5, decoded_token="d"),
+        21: Logprob(-1.0, rank=1, decoded_token="é"),
+    }
+    third = {12: Logprob(math.nan, rank=1, decoded_token=None)}
+    output = FakeOutput([FakeCompletion(0, "adz", [10, 11, 12], logprobs=[first, second, third])])
+    [delta] = to_chunk(output, SamplingSpec(max_tokens=3, logprobs=2)).deltas
+    assert delta.logprobs == [
+        TokenLogprob("a", -0.5, [97], [("b", -0.1, [98]), ("a", -0.5, [97])]),
+        TokenLogprob("d", -9999.0, [100], [("é", -1.0, [195, 169]), ("x", -9999.0, [120])]),
+        TokenLogprob("", -9999.0, [], [("", -9999.0, [])]),
+    ]
+
+
+def test_logprobs_zero_keeps_only_the_chosen_token() -> None:
+    candidates = {10: Logprob(-0.5, rank=2, decoded_token="a"), 20: Logprob(-0.1, rank=1, decoded_token="b")}
+    output = FakeOutput([FakeCompletion(0, "a", [10], logprobs=[candidates])])
+    [delta] = to_chunk(output, SamplingSpec(max_tokens=1, logprobs=0)).deltas
+    assert delta.logprobs == [TokenLogprob("a", -0.5, [97], [])]
+
+
+def test_logprobs_not_requested_are_dropped() -> None:
+    candidates = {10: Logprob(-0.5, rank=1, decoded_token="a")}
+    output = FakeOutput([FakeCompletion(0, "a", [10], logprobs=[candidates])])
+    assert to_chunk(output, SamplingSpec(max_tokens=1)).deltas[0].logprobs is None
+
+
+async def test_closing_the_stage_stream_closes_the_engine_generator() -> None:
+    engine = FakeEngine([step("a", [1]), step("b", [2]), step("c", [3])])
+    stream = LLMStage(engine).generate(request())
+    first = await anext(stream)
+    assert first.deltas[0].text == "a"
+    assert engine.exit is None
+    await stream.aclose()  # what Serve does when the client disconnects
+    assert engine.exit == "closed"
+
+
+async def test_cancelling_the_consumer_cancels_the_engine_generator() -> None:
+    engine = FakeEngine([step("a", [1])])
+    engine.wait = asyncio.Event()  # never set: the engine is busy generating
+    stream = LLMStage(engine).generate(request())
+    await anext(stream)
+    task = asyncio.create_task(anext(stream))
+    await engine.waiting.wait()  # the engine is now busy inside its generator
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.exit == "cancelled"
+
+
+@pytest.mark.parametrize("outputs", [[], [step("a", [1])]])
+async def test_engine_death_becomes_engine_dead_error(outputs: list[FakeOutput]) -> None:
+    dead = VLLMEngineDeadError()
+    engine = FakeEngine(outputs, error=dead)
+    chunks: list[GenerationChunk] = []
+    with pytest.raises(EngineDeadError) as info:
+        async for chunk in LLMStage(engine).generate(request()):
+            chunks.append(chunk)
+    assert len(chunks) == len(outputs)
+    assert info.value.status_code == 503
+    assert info.value.message.startswith("The engine died: EngineCore encountered an issue.")
+    assert info.value.__cause__ is dead
+
+
+@pytest.mark.parametrize("error", [ValueError("prompt too long"), BadRequestError("x")])
+async def test_engine_value_errors_become_400(error: Exception) -> None:
+    with pytest.raises(BadRequestError) as info:
+        await collect(LLMStage(FakeEngine([], error=error)), request())
+    assert info.value.status_code == 400
+
+
+async def test_engine_validation_error_becomes_400() -> None:
+    from vllm.exceptions import VLLMValidationError
+
+    error = VLLMValidationError("prompt is too long", parameter="prompt")
+    with pytest.raises(BadRequestError) as info:
+        await collect(LLMStage(FakeEngine([], error=error)), request())
+    assert info.value.message == "prompt is too long (parameter=prompt)"
+
+
+async def test_other_engine_errors_pass_through() -> None:
+    with pytest.raises(RuntimeError, match="kaboom"):
+        await collect(LLMStage(FakeEngine([], error=RuntimeError("kaboom"))), request())
+
+
+async def test_check_health_and_delegation() -> None:
+    engine = FakeEngine([])
+    stage = LLMStage(engine)
+    await stage.check_health()
+    engine.health_error = RuntimeError("no heartbeat")
+    with pytest.raises(ServiceUnavailableError, match="engine unhealthy: no heartbeat"):
+        await stage.check_health()
+    assert stage.num_unfinished_requests() == 7
+    stage.shutdown()
+    assert engine.shut_down
+
+
+async def test_local_llm_client_wraps_the_stage() -> None:
+    engine = FakeEngine([step("a", [1], "length", finished=True)])
+    client = LocalLLM(LLMStage(engine))
+    assert [c.deltas[0].text async for c in client.generate(request())] == ["a"]
+    assert (await client.metrics_text(), await client.check_health()) == ("", None)
+    with pytest.raises(BadRequestError, match="n must be 1 when using greedy sampling"):
+        await anext(aiter(client.generate(request(n=2, temperature=0.0))))
