@@ -51,6 +51,7 @@ def build_engine(args: AppArgs) -> Engine:
         tensor_parallel_size=args.engine.tensor_parallel_size,
         enable_prefix_caching=args.engine.enable_prefix_caching,
         seed=args.engine.seed,
+        stream_interval=args.engine.stream_interval,
         disable_log_stats=not args.engine.log_stats,
     )
     engine: Engine = AsyncLLM.from_engine_args(engine_args)
