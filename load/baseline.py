@@ -15,10 +15,27 @@ import yaml
 
 from serve_app.config import parse_app_args
 from serve_app.ingress.app import create_app
-from serve_app.ingress.clients import LocalLLM, LocalTokenizer
+from serve_app.ingress.clients import LocalLLM, LocalTokenizer, TokenizerClient
 from serve_app.ingress.pipeline import Services
+from serve_app.messages import TokenizedPrompt, TokenizeRequest
 from serve_app.stages.llm import LLMStage
 from serve_app.stages.tokenizer import TokenizerStage
+
+
+class LoopTokenizer:
+    """Tokenizes on the event loop itself: a monolith before vLLM PR #10635 (seed 002)."""
+
+    def __init__(self, stage: TokenizerStage) -> None:
+        self._stage = stage
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        return self._stage.tokenize(request)
+
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return self._stage.detokenize(token_ids)
+
+    async def check_health(self) -> None:
+        return None
 
 
 def main() -> None:
@@ -26,6 +43,9 @@ def main() -> None:
     parser.add_argument("--config", default="configs/cpu-tiny.yaml")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument(
+        "--tokenize-on-loop", action="store_true", help="tokenize on the event loop (vLLM before the seed-002 fix)"
+    )
     opts = parser.parse_args()
     with open(opts.config) as f:
         app_cfg = yaml.safe_load(f)["applications"][0]
@@ -36,8 +56,9 @@ def main() -> None:
     args = parse_app_args(app_cfg["args"])
 
     async def build() -> Services:
-        return Services.create(args, LocalTokenizer(TokenizerStage.from_args(args)),
-                               LocalLLM(LLMStage.from_args(args)))  # fmt: skip
+        stage = TokenizerStage.from_args(args)
+        tokenizer: TokenizerClient = LoopTokenizer(stage) if opts.tokenize_on_loop else LocalTokenizer(stage)
+        return Services.create(args, tokenizer, LocalLLM(LLMStage.from_args(args)))
 
     import asyncio
 

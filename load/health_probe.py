@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from load.meta import run_meta
 from load.stats import summary_ms
 
 WORDS = [
@@ -89,7 +90,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write JSON results here")
     opts = parser.parse_args()
     prompts = [long_prompt(opts.words, seed) for seed in range(8)]
-    results: dict[str, Any] = {"concurrency": opts.concurrency, "words_per_prompt": opts.words,
+    results: dict[str, Any] = {**run_meta(), "concurrency": opts.concurrency, "words_per_prompt": opts.words,
                                "duration_s": opts.duration, "targets": {}}  # fmt: skip
     for target in opts.target:
         name, url = target.split("=", 1)

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import yaml
 
+from load.meta import run_meta
 from load.stats import summary_ms
 from serve_app.config import parse_app_args
 from serve_app.messages import ChatPrompt, GenerateRequest, SamplingSpec, TokenizeRequest
@@ -76,7 +77,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             if round_ >= opts.warmup:
                 samples["engine_direct"].append(result)
     stage.shutdown()
-    report: dict[str, Any] = {"rounds": opts.rounds, "max_tokens": opts.max_tokens,
+    report: dict[str, Any] = {**run_meta(), "rounds": opts.rounds, "max_tokens": opts.max_tokens,
                               "prompt_tokens": len(token_ids), "targets": {}}  # fmt: skip
     for name, pairs in samples.items():
         report["targets"][name] = {"ttft_ms": summary_ms([p[0] for p in pairs]),
