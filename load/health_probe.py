@@ -90,8 +90,14 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write JSON results here")
     opts = parser.parse_args()
     prompts = [long_prompt(opts.words, seed) for seed in range(8)]
-    results: dict[str, Any] = {**run_meta(), "concurrency": opts.concurrency, "words_per_prompt": opts.words,
-                               "duration_s": opts.duration, "targets": {}}  # fmt: skip
+    results: dict[str, Any] = {
+        **run_meta(),
+        "kind": "health_probe",
+        "concurrency": opts.concurrency,
+        "words_per_prompt": opts.words,
+        "duration_s": opts.duration,
+        "targets": {},
+    }
     for target in opts.target:
         name, url = target.split("=", 1)
         results["targets"][name] = asyncio.run(measure(url, opts.concurrency, opts.duration, prompts))

@@ -77,7 +77,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             if round_ >= opts.warmup:
                 samples["engine_direct"].append(result)
     stage.shutdown()
-    report: dict[str, Any] = {**run_meta(), "rounds": opts.rounds, "max_tokens": opts.max_tokens,
+    report: dict[str, Any] = {**run_meta(), "kind": "overhead", "rounds": opts.rounds, "max_tokens": opts.max_tokens,
                               "prompt_tokens": len(token_ids), "targets": {}}  # fmt: skip
     for name, pairs in samples.items():
         report["targets"][name] = {"ttft_ms": summary_ms([p[0] for p in pairs]),

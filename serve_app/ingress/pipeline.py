@@ -59,12 +59,19 @@ class Stream:
     prompt_token_ids: list[int]
     first: GenerationChunk
     rest: AsyncIterator[GenerationChunk]
+    metrics: IngressMetrics
     timings: dict[str, float] = field(default_factory=dict)
 
     async def chunks(self) -> AsyncIterator[GenerationChunk]:
-        yield self.first
-        async for chunk in self.rest:
+        generated = self.metrics.tokens.labels("generated")
+        chunk = self.first
+        while True:
+            generated.inc(sum(len(d.token_ids) for d in chunk.deltas))
             yield chunk
+            try:
+                chunk = await anext(self.rest)
+            except StopAsyncIteration:
+                return
 
 
 def check_model(services: Services, requested: str | None) -> str:
@@ -112,7 +119,7 @@ async def start_stream(
     for stage, seconds in timings.items():
         services.metrics.stage_seconds.labels(stage).observe(seconds)
     services.metrics.tokens.labels("prompt").inc(len(tokenized.token_ids))
-    return Stream(request_id, tokenized.token_ids, first, generator, timings)
+    return Stream(request_id, tokenized.token_ids, first, generator, services.metrics, timings)
 
 
 def new_request_id(prefix: str) -> str:

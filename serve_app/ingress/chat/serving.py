@@ -72,7 +72,6 @@ async def create_chat_completion(services: Services, request: ChatCompletionRequ
             choices[delta.index].add(delta)
     stream.timings["total"] = time.perf_counter() - start
     completion_tokens = sum(c.num_tokens for c in choices)
-    services.metrics.tokens.labels("generated").inc(completion_tokens)
     body = {
         "id": stream.request_id,
         "object": "chat.completion",

@@ -72,7 +72,6 @@ async def create_completion(services: Services, request: CompletionRequest) -> A
             choices[p * n + delta.index].add(delta)
     headers = timing_headers({**streams[0].timings, "total": time.perf_counter() - start})
     completion_tokens = sum(c.num_tokens for c in choices)
-    services.metrics.tokens.labels("generated").inc(completion_tokens)
     body = {
         "id": request_id,
         "object": "text_completion",
