@@ -1,0 +1,3 @@
+from load.bench.cli import main
+
+main()

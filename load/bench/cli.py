@@ -1,0 +1,179 @@
+"""Benchmark one or more OpenAI-compatible servers side by side, as `vllm bench serve` measures them:
+request and output-token throughput, goodput, TTFT, TPOT, ITL and E2EL (mean, P50, P90, P99), with
+`/health` probed every 100 ms beside the load. Targets take turns at each level, for --rounds rounds.
+
+  python -m load.bench --target graph=http://127.0.0.1:8000 --target baseline=http://127.0.0.1:8001 \\
+      --concurrency 1 4 16 --duration 20 --rounds 3 --goodput ttft:500 tpot:50
+  python -m load.bench --target graph=http://127.0.0.1:8000 --start baseline \\
+      --endpoint chat --dataset long --request-rate 1 4 --max-concurrency 16
+
+Writes results.json, results.md, latency_vs_level.png and health_over_time.png under --out.
+The client's own event-loop lag is measured too: a stalled client inflates every time it takes, and
+results.md warns when it stalled (on a machine shared with the servers, try `nice -n -10`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from load.bench import report, targets
+from load.bench.client import RequestRecord
+from load.bench.datasets import ModelInfo, WordDataset, fetch_model, long_input_lens, single_token_words
+from load.bench.metrics import parse_slos
+from load.bench.runner import Cell, CellResult, Runner, Target, Workload
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m load.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--target", action="append", default=[], metavar="NAME=URL", help="a running server; repeatable")
+    p.add_argument(
+        "--start",
+        action="append",
+        default=[],
+        metavar="KIND[:ARG]",
+        help=f"start a target for the run, named KIND; kinds: {', '.join(sorted(targets.LAUNCHERS))}",
+    )
+    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument(
+        "--dataset",
+        choices=["random", "long"],
+        default="random",
+        help="random: --input-len tokens; long: --long-fractions of the context",
+    )
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=32)
+    p.add_argument(
+        "--long-fractions",
+        type=float,
+        nargs="+",
+        default=[0.9, 1.5],
+        help="prompt lengths as fractions of max_model_len, cycled; >= 1 are rejected by the server",
+    )
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, nargs="+", help="fixed concurrency levels (default: 4)")
+    load.add_argument("--request-rate", type=float, nargs="+", help="Poisson arrival rates, req/s")
+    p.add_argument("--max-concurrency", type=int, default=None, help="with --request-rate: cap on requests in flight")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds of load per target, level and round")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--no-rotate", action="store_true", help="keep the target order fixed in every round")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests per target before the run")
+    p.add_argument("--goodput", nargs="+", default=[], metavar="METRIC:MS", help="SLOs, e.g. ttft:500 tpot:50")
+    p.add_argument("--health-interval", type=float, default=0.1, help="seconds between /health probes")
+    p.add_argument("--request-timeout", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="results folder (default results/bench/<time>)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    opts = p.parse_args(argv)
+    if not opts.target and not opts.start:
+        p.error("give at least one --target NAME=URL or --start KIND")
+    if opts.max_concurrency is not None and opts.request_rate is None:
+        p.error("--max-concurrency only applies with --request-rate")
+    if opts.duration <= 0 or opts.rounds < 1 or opts.output_len < 1 or opts.input_len < 1:
+        p.error("--duration, --rounds, --input-len and --output-len must be positive")
+    if any(level <= 0 for level in opts.concurrency or opts.request_rate or []):
+        p.error("load levels must be positive")
+    try:
+        opts.slos_ms = parse_slos(opts.goodput)
+    except ValueError as exc:
+        p.error(str(exc))
+    opts.urls = {}
+    for item in opts.target:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            p.error(f"--target {item}: expected NAME=http(s)://HOST:PORT")
+        if name in opts.urls or name in [s.partition(":")[0] for s in opts.start]:
+            p.error(f"--target {item}: the name {name} is taken")
+        opts.urls[name] = url.rstrip("/")
+    return opts
+
+
+class Bar:
+    """A tqdm bar over the run's cells; its postfix counts the current cell's requests."""
+
+    def __init__(self, total: int, disable: bool) -> None:
+        self.bar = tqdm(total=total, unit="cell", disable=disable, dynamic_ncols=True)
+        self.ok = self.failed = 0
+        self.refreshed = 0.0
+
+    def start_cell(self, cell: Cell) -> None:
+        self.ok = self.failed = 0
+        self.bar.set_description(f"round {cell.round} level {cell.level:g} {cell.target}")
+
+    def request_done(self, record: RequestRecord) -> None:
+        self.ok += record.ok
+        self.failed += not record.ok
+        # Redrawing on every response would cost the client CPU that the measurement needs.
+        if time.monotonic() - self.refreshed > 0.5:
+            self.refreshed = time.monotonic()
+            self.bar.set_postfix(ok=self.ok, failed=self.failed)
+
+    def end_cell(self, result: CellResult) -> None:
+        self.bar.set_postfix(ok=self.ok, failed=self.failed, refresh=False)
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def build_dataset(opts: argparse.Namespace, urls: dict[str, str], models: dict[str, ModelInfo]) -> WordDataset:
+    """The prompts, built with the first target's tokenizer: every target gets the same text."""
+    first = next(iter(urls))
+    with httpx.Client(timeout=60) as client:
+        words = single_token_words(client, urls[first], models[first].name)
+    if opts.dataset == "random":
+        return WordDataset(tuple(words), (opts.input_len,), opts.output_len, opts.seed)
+    contexts = [m.max_model_len for m in models.values() if m.max_model_len is not None]
+    if not contexts:
+        raise SystemExit("--dataset long needs max_model_len in the targets' GET /v1/models")
+    input_lens = long_input_lens(min(contexts), opts.output_len, opts.long_fractions)
+    return WordDataset(tuple(words), input_lens, opts.output_len, opts.seed)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark; writes results.json, results.md and plots; returns the results document."""
+    opts = parse_args(argv)
+    out: Path = opts.out or Path("results/bench") / time.strftime("%Y%m%d-%H%M%S")
+    levels = tuple(map(float, opts.concurrency or opts.request_rate or [4]))
+    workload = Workload(
+        mode="rate" if opts.request_rate else "concurrency", levels=levels, duration_s=opts.duration,
+        rounds=opts.rounds, endpoint=opts.endpoint, max_concurrency=opts.max_concurrency, warmup=opts.warmup,
+        health_interval_s=opts.health_interval, request_timeout_s=opts.request_timeout,
+        rotate=not opts.no_rotate, seed=opts.seed,
+    )  # fmt: skip
+    with targets.started(opts.start, out) as started:
+        urls: dict[str, str] = {**started, **opts.urls}
+        with httpx.Client(timeout=60) as client:
+            models = {name: fetch_model(client, url) for name, url in urls.items()}
+        dataset = build_dataset(opts, urls, models)
+        bar = Bar(len(levels) * opts.rounds * len(urls), disable=opts.no_progress)
+        try:
+            runner = Runner(
+                [Target(name, url, models[name].name) for name, url in urls.items()], dataset, workload, bar
+            )
+            cells = asyncio.run(runner.run())
+        finally:
+            bar.close()
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}
+    config["input_lens"] = list(dataset.input_lens)
+    target_info = {name: {"url": urls[name], "model": m.name, "max_model_len": m.max_model_len}
+                   for name, m in models.items()}  # fmt: skip
+    results: dict[str, Any] = report.jsonable(report.build(cells, workload, target_info, config, opts.slos_ms))
+    report.write(results, out)
+    if not opts.no_plots:
+        from load.bench import plots  # matplotlib takes ~1 s to import: only when plotting
+
+        plots.write(results, out)
+    print(report.markdown(results))
+    print(f"results in {out}/")
+    return results

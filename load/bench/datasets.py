@@ -1,0 +1,88 @@
+"""Prompts built locally, with an exact number of input tokens, for random and long-context workloads.
+
+A prompt is a sequence of words that the target's tokenizer encodes as one token each when preceded
+by a space. Byte-level BPE tokenizers (GPT-2, Llama 3, this project's tiny model) never merge across
+such a pre-token boundary, so N words are exactly N tokens: no tokenizer is needed on the client,
+only one `/tokenize` call per candidate word at startup. Requests ask for exactly `output_len`
+tokens with `ignore_eos`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+
+WORDS = (
+    "the", "of", "and", "to", "in", "is", "for", "that", "with", "on", "as", "be", "this", "by", "it", "an",
+    "are", "from", "or", "at", "not", "if", "return", "self", "value", "data", "file", "name", "time", "list",
+    "code", "type", "error", "line", "first", "other", "which", "when", "each", "used", "more", "can", "all",
+    "new", "may", "any", "will", "only", "one", "two", "use", "set", "get", "such", "its", "has", "must",
+    "also", "into", "test", "case", "should", "result", "string", "object", "default",
+)  # fmt: skip
+# Fewer distinct words would make prompts repeat whole prefix-cache blocks between requests.
+MIN_WORDS = 16
+# Room left in a near-limit prompt for the chat template's tokens (Llama 3's header is ~30).
+TEMPLATE_MARGIN = 64
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    input_len: int
+    output_len: int
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    max_model_len: int | None
+
+
+def fetch_model(client: httpx.Client, base_url: str) -> ModelInfo:
+    """The served model, as `GET /v1/models` reports it (the first one when there are several)."""
+    response = client.get(f"{base_url}/v1/models")
+    response.raise_for_status()
+    card = response.json()["data"][0]
+    return ModelInfo(str(card["id"]), card.get("max_model_len"))
+
+
+def single_token_words(client: httpx.Client, base_url: str, model: str, words: Sequence[str] = WORDS) -> list[str]:
+    """The words that the target's tokenizer encodes as exactly one token after a space."""
+    kept = []
+    for word in words:
+        response = client.post(
+            f"{base_url}/tokenize", json={"model": model, "prompt": " " + word, "add_special_tokens": False}
+        )
+        response.raise_for_status()
+        if response.json()["count"] == 1:
+            kept.append(word)
+    if len(kept) < MIN_WORDS:
+        raise RuntimeError(f"only {len(kept)} of {len(words)} words are single tokens for {model}; need {MIN_WORDS}")
+    return kept
+
+
+@dataclass(frozen=True)
+class WordDataset:
+    """Prompt `i` has `input_lens[i % len(input_lens)]` tokens; the same `i` always gives the same prompt."""
+
+    words: tuple[str, ...]
+    input_lens: tuple[int, ...]
+    output_len: int
+    seed: int = 0
+
+    def prompt(self, index: int) -> Prompt:
+        length = self.input_lens[index % len(self.input_lens)]
+        rng = random.Random(f"{self.seed}:{index}")
+        return Prompt("".join(" " + rng.choice(self.words) for _ in range(length)), length, self.output_len)
+
+
+def long_input_lens(max_model_len: int, output_len: int, fractions: Sequence[float]) -> tuple[int, ...]:
+    """Input lengths at `fractions` of the context: below 1 they still fit with the output and template
+    (the longest prompt the server must accept), from 1 on they exceed it (tokenized, then rejected)."""
+    fit = max_model_len - output_len - TEMPLATE_MARGIN
+    if fit < 1:
+        raise ValueError(f"output_len {output_len} leaves no room for a prompt in a {max_model_len}-token context")
+    return tuple(min(round(f * max_model_len), fit) if f < 1 else round(f * max_model_len) for f in fractions)

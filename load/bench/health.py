@@ -1,0 +1,62 @@
+"""`/health` latency probes, run beside the load: a stalled event loop shows here first."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from load.stats import summary_ms
+
+
+@dataclass(frozen=True)
+class HealthSample:
+    sent_at: float  # perf_counter
+    latency: float  # seconds until answered, or until the failure
+    status: int | None
+    error: str | None = None
+
+
+async def probe(client: httpx.AsyncClient, base_url: str, stop: asyncio.Event, interval_s: float) -> list[HealthSample]:
+    """Probes started every `interval_s`, one at a time, until `stop` is set.
+
+    A probe that outlasts the interval delays the next one instead of piling up: the samples then
+    thin out, and the long one shows in the maximum.
+    """
+    samples: list[HealthSample] = []
+    next_at = time.perf_counter()
+    while not stop.is_set():
+        sent_at = time.perf_counter()
+        try:
+            response = await client.get(f"{base_url}/health")
+            samples.append(HealthSample(sent_at, time.perf_counter() - sent_at, response.status_code))
+        except httpx.HTTPError as exc:  # an unanswered probe is the very thing being measured
+            samples.append(HealthSample(sent_at, time.perf_counter() - sent_at, None, type(exc).__name__))
+        next_at = max(next_at + interval_s, time.perf_counter())
+        await asyncio.sleep(next_at - time.perf_counter())
+    return samples
+
+
+async def loop_lag(stop: asyncio.Event, interval_s: float = 0.01) -> list[float]:
+    """How late this client's own event loop wakes a 10 ms sleeper, until `stop` is set.
+
+    Request and probe times are all taken on this loop: while it lags, the client is slow, not the
+    server, and /health spikes or long ITLs of that moment are the client's own.
+    """
+    lags = []
+    while not stop.is_set():
+        before = time.perf_counter()
+        await asyncio.sleep(interval_s)
+        lags.append(max(0.0, time.perf_counter() - before - interval_s))
+    return lags
+
+
+def summarize(samples: Sequence[HealthSample]) -> dict[str, Any]:
+    """Latency in ms (n, mean, p50, p95, p99, max) of every probe, and how many were not a 200."""
+    summary: dict[str, Any] = dict(summary_ms([s.latency for s in samples]))
+    summary["failures"] = sum(s.status != 200 for s in samples)
+    return summary

@@ -1,0 +1,156 @@
+"""Results of a run: one JSON document and its markdown tables."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from load.bench import health, metrics
+from load.bench.runner import CellResult, Workload
+from load.stats import summary_ms
+
+# Client loop lag above which the markdown warns: a 10 ms sleeper woken this late means the client
+# itself was not running for as long as a slow server would make it wait.
+STALLED_MS = 50.0
+
+
+def level_key(level: float) -> str:
+    return f"{level:g}"
+
+
+def build(
+    cells: Sequence[CellResult], workload: Workload, targets: dict[str, dict[str, Any]], config: dict[str, Any],
+    slos_ms: dict[str, float],
+) -> dict[str, Any]:  # fmt: skip
+    """Per target and level, the metrics of all rounds pooled (durations added up); per cell, a short
+    line to judge the spread between rounds; the /health samples on the run's time axis."""
+    t0 = min((c.started_at for c in cells), default=0.0)
+    results: dict[str, dict[str, Any]] = {name: {} for name in targets}
+    for name in targets:
+        for level in workload.levels:
+            mine = [c for c in cells if c.cell.target == name and c.cell.level == level]
+            pooled = metrics.compute([r for c in mine for r in c.records], sum(c.duration_s for c in mine), slos_ms)
+            pooled["health_ms"] = health.summarize([s for c in mine for s in c.health])
+            pooled["client_loop_lag_ms"] = summary_ms([lag for c in mine for lag in c.loop_lag])
+            results[name][level_key(level)] = pooled
+    return {
+        "config": config,
+        "mode": workload.mode,
+        "levels": [level_key(level) for level in workload.levels],
+        "slos_ms": slos_ms,
+        "targets": targets,
+        "results": results,
+        "cells": [_cell_line(c, t0, slos_ms) for c in cells],
+        "health_timeline": {
+            name: [
+                [round(s.sent_at - t0, 3), round(s.latency * 1000, 3), s.status]
+                for c in cells
+                if c.cell.target == name
+                for s in c.health
+            ]
+            for name in targets
+        },
+    }
+
+
+def _cell_line(c: CellResult, t0: float, slos_ms: dict[str, float]) -> dict[str, Any]:
+    m = metrics.compute(c.records, c.duration_s, slos_ms)
+    return {
+        "round": c.cell.round, "level": level_key(c.cell.level), "target": c.cell.target,
+        "start_s": round(c.started_at - t0, 3), "duration_s": c.duration_s,
+        "completed": m["completed"], "failed": m["failed"], "request_throughput": m["request_throughput"],
+        "ttft_p50_ms": m["ttft_ms"]["p50"], "tpot_p50_ms": m["tpot_ms"]["p50"],
+        "health_p99_ms": health.summarize(c.health)["p99"],
+    }  # fmt: skip
+
+
+def jsonable(value: Any) -> Any:
+    """NaN (an empty summary) becomes null: NaN is not JSON."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def _dist(summary: dict[str, float]) -> str:
+    return " / ".join(_num(summary[k]) for k in ("mean", "p50", "p90", "p99"))
+
+
+def _num_pair(summary: dict[str, float] | None) -> str:
+    return "-" if summary is None else f"{_num(summary['p50'], 2)} / {_num(summary['p99'], 2)}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    level_name = "concurrency" if results["mode"] == "concurrency" else "req/s offered"
+    slos = ", ".join(f"{k} ≤ {v:g} ms" for k, v in results["slos_ms"].items()) or "no SLOs given"
+    lines = [
+        f"Throughput and `/health` under load (goodput: {slos}; /health in ms)",
+        "",
+        f"| target | {level_name} | ok | failed | req/s | out tok/s | goodput req/s | /health p50 | p95 | p99 | max |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows = [
+        (level, name, results["results"][name][level]) for level in results["levels"] for name in results["targets"]
+    ]
+    for level, name, m in rows:
+        h = m["health_ms"]
+        lines.append(
+            f"| {name} | {level} | {m['completed']} | {m['failed']} | {_num(m['request_throughput'], 2)} "
+            f"| {_num(m['output_throughput'])} | {_num(m['request_goodput'], 2)} | {_num(h['p50'], 2)} "
+            f"| {_num(h['p95'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} |"
+        )
+    lines += [
+        "",
+        "Latency in ms: mean / p50 / p90 / p99",
+        "",
+        f"| target | {level_name} | TTFT | TPOT | ITL | E2EL |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for level, name, m in rows:
+        lines.append(
+            f"| {name} | {level} | {_dist(m['ttft_ms'])} | {_dist(m['tpot_ms'])} | {_dist(m['itl_ms'])} "
+            f"| {_dist(m['e2el_ms'])} |"
+        )
+    stages = sorted({stage for _, _, m in rows for stage in m["stage_ms"]})
+    if stages:
+        lines += ["", "Stage times the server reports (X-*-Time headers), ms: p50 / p99", ""]
+        lines += [f"| target | {level_name} | " + " | ".join(stages) + " |", "|---|---:|" + "---:|" * len(stages)]
+        for level, name, m in rows:
+            cells = [_num_pair(m["stage_ms"].get(stage)) for stage in stages]
+            lines.append(f"| {name} | {level} | " + " | ".join(cells) + " |")
+    errors = [
+        f"{name} @ {level}: {m['errors']} in {_num_pair(m['failed_latency_ms'])} ms (p50 / p99)"
+        for level, name, m in rows
+        if m["errors"]
+    ]
+    if errors:
+        expected = " (--dataset long: prompts beyond the context are refused by design)"
+        lines += [
+            "",
+            "Failures" + (expected if results["config"].get("dataset") == "long" else "") + ": " + "; ".join(errors),
+        ]
+    lag = max((m["client_loop_lag_ms"]["max"] or 0.0 for _, _, m in rows), default=0.0)
+    lines += ["", f"Client event-loop lag, max: {_num(lag, 1)} ms (times above are only as exact as that)"]
+    if lag > STALLED_MS:
+        lines.append(
+            "**The client stalled**: timestamps and /health latencies taken meanwhile are inflated by up to that "
+            "much. Either the client lacked CPU (try `nice -n -10 python -m load.bench ...`) or the whole machine "
+            "froze under load (2-core VMs do); a client on another machine avoids both."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write(results: dict[str, Any], out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(jsonable(results), indent=2) + "\n")
+    (out_dir / "results.md").write_text(markdown(results))

@@ -1,0 +1,185 @@
+"""Running the workload: targets interleaved level by level and round by round, so that machine noise
+(another process, thermal state, a GC pause) hits every target alike instead of one target's block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import httpx
+
+from load.bench.client import Endpoint, RequestRecord, send
+from load.bench.datasets import WordDataset
+from load.bench.health import HealthSample, loop_lag, probe
+
+Mode = Literal["concurrency", "rate"]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One stretch of load: a target at a level (concurrency, or requests per second) in a round."""
+
+    round: int
+    level: float
+    target: str
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str
+    model: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    mode: Mode
+    levels: tuple[float, ...]
+    duration_s: float
+    rounds: int = 1
+    endpoint: Endpoint = "completions"
+    max_concurrency: int | None = None  # rate mode: arrivals beyond it wait, as vLLM's --max-concurrency
+    warmup: int = 2
+    health_interval_s: float = 0.1
+    request_timeout_s: float = 300.0
+    rotate: bool = True
+    seed: int = 0
+
+
+@dataclass
+class CellResult:
+    cell: Cell
+    started_at: float  # perf_counter
+    duration_s: float  # first request sent -> last response ended
+    records: list[RequestRecord]
+    health: list[HealthSample]
+    loop_lag: list[float]  # seconds, see health.loop_lag
+
+
+class Progress(Protocol):
+    def start_cell(self, cell: Cell) -> None: ...
+    def request_done(self, record: RequestRecord) -> None: ...
+    def end_cell(self, result: CellResult) -> None: ...
+
+
+def schedule(targets: Sequence[str], levels: Sequence[float], rounds: int, rotate: bool = True) -> list[Cell]:
+    """Every target at every level, each round. With `rotate` the target order shifts by one from level
+    to level and, for each level, from round to round (A B, B A / B A, A B): no target always runs
+    first, after a pause or a level change, nor always after the same neighbour."""
+    cells: list[Cell] = []
+    for r in range(rounds):
+        for i, level in enumerate(levels):
+            shift = (r + i) % len(targets) if rotate else 0
+            order = [*targets[shift:], *targets[:shift]]
+            cells.extend(Cell(r, level, t) for t in order)
+    return cells
+
+
+def arrival_offsets(rate: float, duration_s: float, rng: random.Random) -> list[float]:
+    """Poisson arrivals: exponential gaps with mean 1/rate, starting at 0, all before `duration_s`."""
+    offsets = []
+    at = 0.0
+    while at < duration_s:
+        offsets.append(at)
+        at += rng.expovariate(rate)
+    return offsets
+
+
+SendNext = Callable[[], Awaitable[RequestRecord]]
+
+
+async def closed_loop(send_next: SendNext, concurrency: int, duration_s: float) -> list[RequestRecord]:
+    """`concurrency` users sending back to back; none starts a request after `duration_s`."""
+    deadline = time.perf_counter() + duration_s
+
+    async def user() -> list[RequestRecord]:
+        done = []
+        while time.perf_counter() < deadline:
+            done.append(await send_next())
+        return done
+
+    return [r for records in await asyncio.gather(*(user() for _ in range(concurrency))) for r in records]
+
+
+async def open_loop(send_next: SendNext, offsets: Sequence[float], max_concurrency: int | None) -> list[RequestRecord]:
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+    async def one() -> RequestRecord:
+        if limit is None:
+            return await send_next()
+        async with limit:
+            return await send_next()
+
+    start = time.perf_counter()
+    tasks = []
+    for offset in offsets:
+        await asyncio.sleep(start + offset - time.perf_counter())
+        tasks.append(asyncio.create_task(one()))
+    return list(await asyncio.gather(*tasks))
+
+
+class Runner:
+    """Sends each target the dataset's prompts in order, continuing across cells, so two targets get
+    the same prompts and no target sees a prompt twice (that would hit its prefix cache)."""
+
+    def __init__(self, targets: Sequence[Target], dataset: WordDataset, workload: Workload, progress: Progress) -> None:
+        self.targets = {t.name: t for t in targets}
+        self.dataset = dataset
+        self.workload = workload
+        self.progress = progress
+        self.next_prompt = dict.fromkeys(self.targets, 0)
+
+    def _sender(self, client: httpx.AsyncClient, target: Target, report: bool) -> SendNext:
+        async def send_next() -> RequestRecord:
+            index = self.next_prompt[target.name]
+            self.next_prompt[target.name] += 1
+            record = await send(client, target.url, self.workload.endpoint, target.model, self.dataset.prompt(index))
+            if report:
+                self.progress.request_done(record)
+            return record
+
+        return send_next
+
+    async def run(self) -> list[CellResult]:
+        w = self.workload
+        capacity = int(max(w.levels)) if w.mode == "concurrency" else w.max_concurrency
+        limits = httpx.Limits(max_connections=capacity, max_keepalive_connections=capacity)
+        # Probes get their own pool: queued behind busy load connections they would time the pool.
+        async with (
+            httpx.AsyncClient(timeout=w.request_timeout_s, limits=limits) as client,
+            httpx.AsyncClient(timeout=w.request_timeout_s) as health_client,
+        ):
+            for target in self.targets.values():
+                warm = self._sender(client, target, report=False)
+                for _ in range(w.warmup):
+                    await warm()
+            results = []
+            for cell in schedule(list(self.targets), w.levels, w.rounds, w.rotate):
+                self.progress.start_cell(cell)
+                result = await self._run_cell(client, health_client, cell)
+                self.progress.end_cell(result)
+                results.append(result)
+        return results
+
+    async def _run_cell(self, client: httpx.AsyncClient, health_client: httpx.AsyncClient, cell: Cell) -> CellResult:
+        w = self.workload
+        target = self.targets[cell.target]
+        send_next = self._sender(client, target, report=True)
+        stop = asyncio.Event()
+        probes = asyncio.create_task(probe(health_client, target.url, stop, w.health_interval_s))
+        lags = asyncio.create_task(loop_lag(stop))
+        started_at = time.perf_counter()
+        if w.mode == "concurrency":
+            records = await closed_loop(send_next, int(cell.level), w.duration_s)
+        else:
+            # The same arrival times for every target of a (round, level): only the target differs.
+            rng = random.Random(f"{w.seed}:{cell.round}:{cell.level}")
+            records = await open_loop(send_next, arrival_offsets(cell.level, w.duration_s, rng), w.max_concurrency)
+        duration_s = time.perf_counter() - started_at
+        stop.set()
+        return CellResult(cell, started_at, duration_s, records, await probes, await lags)

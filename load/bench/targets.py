@@ -1,0 +1,117 @@
+"""Targets the benchmark starts itself (`--start KIND[:ARG]`), stopped when the run ends.
+
+Extension point: `LAUNCHERS` maps a kind to a function of its optional argument that says how to
+start it (command line, URL once up). A `graph` kind (`serve run CONFIG`, URL from the config's
+`http_options`) registers there the same way; it would also need to stop Serve in its own way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    command: list[str]
+    url: str
+    ready_timeout_s: float = 300.0
+    stop_timeout_s: float = 30.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def baseline(config: str | None) -> LaunchSpec:
+    """The single-process baseline (`load/baseline.py`) on a free port; ARG is its config file."""
+    port = free_port()
+    config = config or "configs/cpu-tiny.yaml"
+    command = [sys.executable, "-m", "load.baseline", "--port", str(port), "--config", config]
+    return LaunchSpec(command, f"http://127.0.0.1:{port}")
+
+
+LAUNCHERS: dict[str, Callable[[str | None], LaunchSpec]] = {"baseline": baseline}
+
+
+def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{url}: exited with {process.returncode} before /health answered; see {log}")
+            try:
+                if client.get(f"{url}/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass  # not listening yet: the normal state while the engine starts
+            time.sleep(0.5)
+    raise TimeoutError(f"{url}: /health not 200 after {timeout_s:.0f} s; see {log}")
+
+
+def _group_gone(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Waits up to `timeout_s` for every process of the group that `process` leads to end."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        process.poll()  # reaps the leader: as a zombie it would still count as a member
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM to the whole process group, SIGKILL to what is left of it after `timeout_s`.
+
+    The group, not the process: vLLM's engine core is a child that can outlive the server's main
+    process by seconds while it tears down.
+    """
+    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        with suppress(ProcessLookupError):  # the group may have ended on its own
+            os.killpg(process.pid, sig)
+        if _group_gone(process, wait_s):
+            return
+    raise RuntimeError(f"process group {process.pid} ({process.args!r}) survived SIGKILL")
+
+
+@contextmanager
+def launched(spec: LaunchSpec, log: Path) -> Iterator[str]:
+    with open(log, "wb") as out:
+        # A session of its own, so stopping it reaches the engine processes it forks and nothing else.
+        process = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_healthy(process, spec.url, spec.ready_timeout_s, log)
+        yield spec.url
+    finally:
+        stop(process, spec.stop_timeout_s)
+
+
+@contextmanager
+def started(specs: Sequence[str], log_dir: Path) -> Iterator[dict[str, str]]:
+    """Starts `KIND[:ARG]` targets one after another; yields {kind: url}; stops them all on exit."""
+    urls: dict[str, str] = {}
+    with ExitStack() as stack:
+        for item in specs:
+            kind, _, arg = item.partition(":")
+            if kind not in LAUNCHERS:
+                raise ValueError(f"--start {item}: unknown kind {kind!r}; known: {', '.join(sorted(LAUNCHERS))}")
+            if kind in urls:
+                raise ValueError(f"--start {item}: {kind} is already started")
+            log_dir.mkdir(parents=True, exist_ok=True)
+            urls[kind] = stack.enter_context(launched(LAUNCHERS[kind](arg or None), log_dir / f"{kind}.log"))
+        yield urls

@@ -1,0 +1,41 @@
+"""Prompts with an exact token count, checked against the real tokenizer through the ingress app."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from load.bench.datasets import WORDS, WordDataset, fetch_model, long_input_lens, single_token_words
+from tests.unit.conftest import MAX_MODEL_LEN, MODEL_NAME
+
+
+def test_fetch_model(client: TestClient) -> None:
+    model = fetch_model(client, "")
+    assert (model.name, model.max_model_len) == (MODEL_NAME, MAX_MODEL_LEN)
+
+
+def test_prompts_have_exactly_input_len_tokens(client: TestClient, hf_tokenizer: Any) -> None:
+    words = single_token_words(client, "", MODEL_NAME)
+    assert set(words) <= set(WORDS) and len(words) >= 16
+    dataset = WordDataset(tuple(words), (1, 57, 300), output_len=8, seed=3)
+    for i in range(6):
+        prompt = dataset.prompt(i)
+        assert prompt.input_len == (1, 57, 300)[i % 3]
+        assert len(hf_tokenizer.encode(prompt.text, add_special_tokens=False)) == prompt.input_len
+        assert prompt.output_len == 8
+    assert dataset.prompt(4) == dataset.prompt(4)
+    assert dataset.prompt(4) != dataset.prompt(7)  # same length, different words
+
+
+def test_too_few_single_token_words(client: TestClient) -> None:
+    with pytest.raises(RuntimeError, match="only 0 of 2 words"):
+        single_token_words(client, "", MODEL_NAME, words=["antidisestablishmentarianism", "zzqxj"])
+
+
+def test_long_input_lens() -> None:
+    # Below 1: capped so that prompt, output and a chat template still fit; from 1 on: beyond the context.
+    assert long_input_lens(4096, 32, [0.5, 0.99, 1.0, 2.0]) == (2048, 4096 - 32 - 64, 4096, 8192)
+    with pytest.raises(ValueError, match="no room"):
+        long_input_lens(64, 8, [0.5])

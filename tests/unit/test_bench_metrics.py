@@ -1,0 +1,78 @@
+"""The bench's metrics against hand-computed examples (numpy-style linear percentiles)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from load.bench.client import RequestRecord
+from load.bench.metrics import compute, itls, meets_slos, parse_slos, summarize_ms, tpot, ttft
+
+
+def record(
+    times: list[float], latency: float, output_tokens: int, stage_ms: dict[str, float] | None = None
+) -> RequestRecord:
+    return RequestRecord(
+        sent_at=100.0, input_len=10, status=200, latency=latency, content_times=times, prompt_tokens=10,
+        output_tokens=output_tokens, stage_ms=stage_ms or {},
+    )  # fmt: skip
+
+
+def failed(latency: float) -> RequestRecord:
+    return RequestRecord(sent_at=100.0, input_len=10, status=400, error="HTTP 400", latency=latency)
+
+
+# A: 5 tokens in 4 chunks; B: 2 tokens; C: 1 token; D: rejected.
+A = record([0.2, 0.25, 0.35, 0.5], latency=0.6, output_tokens=5, stage_ms={"tokenizer": 2.0})
+B = record([0.1, 0.3], latency=0.3, output_tokens=2, stage_ms={"tokenizer": 4.0})
+C = record([0.05], latency=0.05, output_tokens=1)
+D = failed(0.01)
+
+
+def test_ttft_itl_tpot_from_timestamps() -> None:
+    assert ttft(A) == 0.2
+    assert itls(A) == pytest.approx([0.05, 0.1, 0.15])
+    assert tpot(A) == pytest.approx((0.6 - 0.2) / 4)  # output tokens from usage, not the 4 chunks
+    assert tpot(B) == pytest.approx(0.2)
+    assert itls(C) == []
+    assert tpot(C) is None  # one token: no time per output token
+
+
+def test_summary_percentiles() -> None:
+    s = summarize_ms([0.010, 0.040, 0.020, 0.030])
+    assert s == pytest.approx({"mean": 25.0, "p50": 25.0, "p90": 37.0, "p99": 39.7})
+    assert all(math.isnan(v) for v in summarize_ms([]).values())
+
+
+def test_compute() -> None:
+    m = compute([A, B, C, D], duration_s=2.0, slos_ms={})
+    assert (m["completed"], m["failed"], m["errors"]) == (3, 1, {"HTTP 400": 1})
+    assert (m["total_input_tokens"], m["total_output_tokens"]) == (30, 8)
+    assert m["request_throughput"] == 1.5
+    assert m["output_throughput"] == 4.0
+    assert m["total_token_throughput"] == 19.0
+    assert m["request_goodput"] is None
+    assert m["ttft_ms"] == pytest.approx({"mean": 350 / 3, "p50": 100.0, "p90": 180.0, "p99": 198.0})
+    assert m["tpot_ms"] == pytest.approx({"mean": 150.0, "p50": 150.0, "p90": 190.0, "p99": 199.0})
+    assert m["itl_ms"] == pytest.approx({"mean": 125.0, "p50": 125.0, "p90": 185.0, "p99": 198.5})
+    assert m["e2el_ms"] == pytest.approx({"mean": 950 / 3, "p50": 300.0, "p90": 540.0, "p99": 594.0})
+    assert m["failed_latency_ms"]["p50"] == pytest.approx(10.0)
+    assert m["stage_ms"]["tokenizer"] == pytest.approx({"mean": 3.0, "p50": 3.0, "p90": 3.8, "p99": 3.98})
+
+
+def test_goodput() -> None:
+    # A misses ttft, B misses tpot; C meets both (one token counts as TPOT 0, as in vLLM).
+    assert compute([A, B, C, D], 2.0, parse_slos(["ttft:150", "tpot:150"]))["request_goodput"] == 0.5
+    # Limits are inclusive: B's E2EL is exactly 300 ms.
+    assert compute([A, B, C, D], 2.0, {"e2el": 300.0})["request_goodput"] == 1.0
+    assert not meets_slos(D, {"e2el": 1000.0})
+
+
+def test_parse_slos() -> None:
+    assert parse_slos(["ttft:500", "tpot:50", "e2el:2000.5"]) == {"ttft": 500.0, "tpot": 50.0, "e2el": 2000.5}
+    for bad in ["ttft", "itl:5", "ttft:-1"]:
+        with pytest.raises(ValueError, match="invalid SLO"):
+            parse_slos([bad])
+    with pytest.raises(ValueError):
+        parse_slos(["ttft:fast"])

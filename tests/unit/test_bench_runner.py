@@ -1,0 +1,86 @@
+"""The interleaving schedule, Poisson arrivals and the closed/open load loops (fake requests)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import statistics
+import time
+from collections import Counter
+
+import pytest
+
+from load.bench.client import RequestRecord
+from load.bench.runner import Cell, SendNext, arrival_offsets, closed_loop, open_loop, schedule
+
+
+def test_schedule_interleaves_targets_and_alternates_who_goes_first() -> None:
+    cells = schedule(["A", "B"], [1, 4], rounds=2)
+    assert [(c.round, c.level, c.target) for c in cells] == [
+        (0, 1, "A"), (0, 1, "B"), (0, 4, "B"), (0, 4, "A"),
+        (1, 1, "B"), (1, 1, "A"), (1, 4, "A"), (1, 4, "B"),
+    ]  # fmt: skip
+
+
+def test_schedule_with_three_targets_gives_each_every_position() -> None:
+    cells = schedule(["A", "B", "C"], [8], rounds=3)
+    firsts = [cells[i].target for i in range(0, 9, 3)]
+    assert sorted(firsts) == ["A", "B", "C"]
+    assert Counter(cells) == Counter(Cell(r, 8, t) for r in range(3) for t in "ABC")
+
+
+def test_schedule_fixed_order() -> None:
+    cells = schedule(["A", "B"], [1, 2], rounds=2, rotate=False)
+    assert [c.target for c in cells] == ["A", "B"] * 4
+
+
+def test_poisson_arrivals() -> None:
+    offsets = arrival_offsets(50.0, 100.0, random.Random(1))
+    assert offsets == arrival_offsets(50.0, 100.0, random.Random(1))
+    assert offsets[0] == 0.0 and offsets[-1] < 100.0
+    gaps = [b - a for a, b in itertools.pairwise(offsets)]
+    assert min(gaps) > 0
+    assert len(offsets) == pytest.approx(5000, rel=0.05)
+    # Exponential gaps: the standard deviation equals the mean.
+    assert statistics.pstdev(gaps) == pytest.approx(statistics.fmean(gaps), rel=0.1)
+
+
+class FakeSend:
+    """Requests that take `seconds`; records when each starts and the most in flight at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.starts: list[float] = []
+        self.in_flight = self.most_in_flight = 0
+
+    async def __call__(self) -> RequestRecord:
+        self.starts.append(time.perf_counter())
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(self.seconds)
+        self.in_flight -= 1
+        return RequestRecord(sent_at=self.starts[-1], input_len=1)
+
+
+async def test_closed_loop_keeps_concurrency_and_stops_starting_at_the_deadline() -> None:
+    fake = FakeSend(0.02)
+    send: SendNext = fake
+    start = time.perf_counter()
+    records = await closed_loop(send, concurrency=3, duration_s=0.2)
+    assert fake.most_in_flight == 3
+    assert len(records) == len(fake.starts) >= 3 * 4  # 3 * 10 on an idle machine
+    assert max(fake.starts) - start < 0.2
+
+
+async def test_open_loop_follows_arrivals_and_caps_in_flight() -> None:
+    fake = FakeSend(0.05)
+    start = time.perf_counter()
+    records = await open_loop(fake, [0.0, 0.1, 0.2], max_concurrency=None)
+    assert len(records) == 3
+    # Never early; late only by what this (shared, busy) machine's scheduler adds.
+    assert all(o - 0.005 <= s - start < o + 0.08 for s, o in zip(fake.starts, [0.0, 0.1, 0.2], strict=True))
+
+    capped = FakeSend(0.05)
+    await open_loop(capped, [0.0] * 4, max_concurrency=2)
+    assert capped.most_in_flight == 2

@@ -1,0 +1,91 @@
+"""Starting and stopping targets (`--start`), with stand-in servers instead of an engine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from load.bench import targets
+
+# Answers 200 to GET /health, like a ready model server.
+STAND_IN = """
+import http.server, sys
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
+"""
+# The same, with an "engine" child that ignores SIGTERM (it would outlive the server); prints its pid.
+ENGINE = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(120)"
+STUBBORN = f"""
+import subprocess, sys
+engine = subprocess.Popen([sys.executable, "-c", {ENGINE!r}], stdout=subprocess.PIPE)
+engine.stdout.readline()  # SIGTERM is ignored from here on
+print(engine.pid, flush=True)
+{STAND_IN}
+"""
+
+
+def stand_in(arg: str | None, script: str = STAND_IN, stop_timeout_s: float = 5) -> targets.LaunchSpec:
+    port = targets.free_port()
+    return targets.LaunchSpec([sys.executable, "-c", script, str(port)], f"http://127.0.0.1:{port}", 30, stop_timeout_s)
+
+
+def stubborn(arg: str | None) -> targets.LaunchSpec:
+    return stand_in(arg, STUBBORN, stop_timeout_s=1)
+
+
+def crashing(arg: str | None) -> targets.LaunchSpec:
+    return targets.LaunchSpec([sys.executable, "-c", f"raise SystemExit({arg})"], "http://127.0.0.1:9", 30, 5)
+
+
+@pytest.fixture(autouse=True)
+def launchers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(targets.LAUNCHERS, "stand-in", stand_in)
+    monkeypatch.setitem(targets.LAUNCHERS, "stubborn", stubborn)
+    monkeypatch.setitem(targets.LAUNCHERS, "crashing", crashing)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie may wait for a reaper that never comes)."""
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_started_targets_answer_and_are_stopped(tmp_path: Path) -> None:
+    with targets.started(["stand-in"], tmp_path) as urls:
+        assert list(urls) == ["stand-in"]
+        assert httpx.get(f"{urls['stand-in']}/health").status_code == 200
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{urls['stand-in']}/health")
+    assert (tmp_path / "stand-in.log").exists()
+
+
+def test_stopping_reaches_the_whole_process_group(tmp_path: Path) -> None:
+    with targets.started(["stubborn"], tmp_path):
+        engine = int((tmp_path / "stubborn.log").read_text().split()[0])
+        assert running(engine)
+    assert not running(engine)
+
+
+def test_a_target_that_exits_fails_the_start(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="exited with 3 before /health answered"):
+        targets.started(["crashing:3"], tmp_path).__enter__()
+
+
+def test_bad_specs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown kind 'nope'; known: baseline, crashing, stand-in, stubborn"):
+        targets.started(["nope"], tmp_path).__enter__()
+    with pytest.raises(ValueError, match="already started"), targets.started(["stand-in", "stand-in"], tmp_path):
+        pass
+
+
+def test_baseline_command() -> None:
+    spec = targets.baseline("configs/other.yaml")
+    port = spec.url.rsplit(":", 1)[1]
+    assert spec.command == [sys.executable, "-m", "load.baseline", "--port", port, "--config", "configs/other.yaml"]
+    assert targets.baseline(None).command[-1] == "configs/cpu-tiny.yaml"
