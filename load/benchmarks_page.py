@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,14 @@ def _ratio(a: float, b: float) -> str:
 
 
 def _meta(result: dict[str, Any]) -> list[str]:
-    return [f"- command: `{result['command']}`", f"- date: {result['date']}", f"- machine: {result['machine']}", ""]
+    label = [f"- setup: {result['label']}"] if result.get("label") else []
+    return [
+        *label,
+        f"- command: `{result['command']}`",
+        f"- date: {result['date']}",
+        f"- machine: {result['machine']}",
+        "",
+    ]
 
 
 def health_probe(result: dict[str, Any]) -> list[str]:
@@ -76,7 +84,23 @@ def overhead(result: dict[str, Any]) -> list[str]:
     return [*lines, "", *_meta(result)]
 
 
-RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {"health_probe": health_probe, "overhead": overhead}
+def bench(result: dict[str, Any]) -> list[str]:
+    """A `load.bench` run: its own markdown tables, which `load.bench` wrote beside results.json."""
+    cfg = result["config"]
+    levels = ", ".join(str(level) for level in result["levels"])
+    lines = [
+        f"## {cfg['endpoint']} ({cfg['dataset']} {cfg['input_len']} in / {cfg['output_len']} out), "
+        f"{result['mode']} {levels}, {cfg['duration']:.0f} s x {cfg['rounds']} rounds per target and level",
+        "",
+    ]
+    return [*lines, result["markdown"].strip(), "", *_meta(result)]
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "health_probe": health_probe,
+    "overhead": overhead,
+    "bench": bench,
+}
 
 
 def render(results: list[dict[str, Any]], notes: str | None) -> str:
@@ -96,7 +120,11 @@ def main() -> None:
     results = []
     for path in opts.results:
         with open(path) as f:
-            results.append(json.load(f))
+            result = json.load(f)
+        if result.get("kind") == "bench":
+            with open(os.path.join(os.path.dirname(path), "results.md")) as f:
+                result["markdown"] = f.read()
+        results.append(result)
     try:
         with open(opts.notes) as f:
             notes: str | None = f.read()

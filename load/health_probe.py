@@ -87,11 +87,13 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=60)
     parser.add_argument("--words", type=int, default=15000, help="words per prompt (~2 tokens each)")
     parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument("--label", default="", help="what is special about this run, shown in the report")
     parser.add_argument("--out", default=None, help="write JSON results here")
     opts = parser.parse_args()
     prompts = [long_prompt(opts.words, seed) for seed in range(8)]
     results: dict[str, Any] = {
         **run_meta(),
+        "label": opts.label,
         "kind": "health_probe",
         "concurrency": opts.concurrency,
         "words_per_prompt": opts.words,

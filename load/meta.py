@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 
-def run_meta() -> dict[str, Any]:
+def run_meta(module: str | None = None, argv: list[str] | None = None) -> dict[str, Any]:
+    """Command, date and machine; `module`/`argv` name the command when it was not run from the shell."""
     cpu = platform.processor() or "unknown"
     try:
         with open("/proc/cpuinfo") as f:
@@ -18,9 +19,11 @@ def run_meta() -> dict[str, Any]:
     except (OSError, StopIteration):
         pass
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    module = sys.argv[0].removesuffix(".py").replace("/", ".").split("load.", 1)[-1]
+    if module is None:
+        module = "load." + sys.argv[0].removesuffix(".py").replace("/", ".").split("load.", 1)[-1]
+    args = sys.argv[1:] if argv is None else argv
     return {
-        "command": "python -m load." + module + " " + shlex.join(sys.argv[1:]),
+        "command": f"python -m {module} {shlex.join(args)}",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB RAM, no GPU",
     }

@@ -77,8 +77,15 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
             if round_ >= opts.warmup:
                 samples["engine_direct"].append(result)
     stage.shutdown()
-    report: dict[str, Any] = {**run_meta(), "kind": "overhead", "rounds": opts.rounds, "max_tokens": opts.max_tokens,
-                              "prompt_tokens": len(token_ids), "targets": {}}  # fmt: skip
+    report: dict[str, Any] = {
+        **run_meta(),
+        "kind": "overhead",
+        "label": opts.label,
+        "rounds": opts.rounds,
+        "max_tokens": opts.max_tokens,
+        "prompt_tokens": len(token_ids),
+        "targets": {},
+    }
     for name, pairs in samples.items():
         report["targets"][name] = {"ttft_ms": summary_ms([p[0] for p in pairs]),
                                    "e2e_ms": summary_ms([p[1] for p in pairs])}  # fmt: skip
@@ -98,6 +105,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--label", default="", help="what is special about this run, shown in the report")
     parser.add_argument("--out", default=None)
     opts = parser.parse_args()
     report = asyncio.run(run(opts))

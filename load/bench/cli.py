@@ -29,6 +29,7 @@ from load.bench.client import RequestRecord
 from load.bench.datasets import ModelInfo, WordDataset, fetch_model, long_input_lens, single_token_words
 from load.bench.metrics import parse_slos
 from load.bench.runner import Cell, CellResult, Runner, Target, Workload
+from load.meta import run_meta
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -169,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     target_info = {name: {"url": urls[name], "model": m.name, "max_model_len": m.max_model_len}
                    for name, m in models.items()}  # fmt: skip
     results: dict[str, Any] = report.jsonable(report.build(cells, workload, target_info, config, opts.slos_ms))
+    results.update(run_meta("load.bench", list(argv) if argv is not None else None), kind="bench")
     report.write(results, out)
     if not opts.no_plots:
         from load.bench import plots  # matplotlib takes ~1 s to import: only when plotting

@@ -6,6 +6,7 @@ that break it (engine death) wait for Serve to repair it before they end.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,12 @@ from typing import Any
 import pytest
 
 from tests.integration.support import APP, PORT, ROOT, graph_healthy, load_test_config, wait_for
+
+# Ray Serve's throughput mode (the Makefile sets it) goes to the graph's workers through the job's
+# runtime_env; this driver process keeps the default, in which handles work from synchronous tests.
+WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0"} | {
+    k: os.environ.pop(k) for k in ("RAY_SERVE_THROUGHPUT_OPTIMIZED",) if k in os.environ
+}
 
 
 @pytest.fixture(scope="session")
@@ -32,7 +39,7 @@ def graph(tiny_model: Path) -> Iterator[str]:
     config = load_test_config()
     # address="local": a fresh cluster even if `make serve` has one running on this machine.
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": {"RAY_USAGE_STATS_ENABLED": "0"}})  # fmt: skip
+             runtime_env={"env_vars": WORKER_ENV})  # fmt: skip
     serve.start(http_options=config["http_options"])
     _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
     base_url = f"http://127.0.0.1:{PORT}"
