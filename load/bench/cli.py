@@ -73,6 +73,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="results folder (default results/bench/<time>)")
+    p.add_argument("--label", default="", help="what is special about this run (server config), for the report")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     opts = p.parse_args(argv)
@@ -170,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     target_info = {name: {"url": urls[name], "model": m.name, "max_model_len": m.max_model_len}
                    for name, m in models.items()}  # fmt: skip
     results: dict[str, Any] = report.jsonable(report.build(cells, workload, target_info, config, opts.slos_ms))
-    results.update(run_meta("load.bench", list(argv) if argv is not None else None), kind="bench")
+    results.update(run_meta("load.bench", list(argv) if argv is not None else None), kind="bench", label=opts.label)
     report.write(results, out)
     if not opts.no_plots:
         from load.bench import plots  # matplotlib takes ~1 s to import: only when plotting

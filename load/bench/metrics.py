@@ -77,6 +77,8 @@ def compute(records: Sequence[RequestRecord], duration_s: float, slos_ms: dict[s
         "completed": len(good),
         "failed": len(failed),
         "errors": dict(Counter(r.error for r in failed)),
+        # A count says that requests failed; the details say why.
+        "error_details": sorted({f"{r.error}: {r.detail}" for r in failed})[:5],
         "duration_s": duration_s,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
