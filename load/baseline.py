@@ -8,12 +8,10 @@ loop), built from this project's own classes so comparisons isolate the architec
 from __future__ import annotations
 
 import argparse
-import os
 
 import uvicorn
-import yaml
 
-from serve_app.config import parse_app_args
+from load.serve_config import load_in_process
 from serve_app.ingress.app import create_app
 from serve_app.ingress.clients import LocalLLM, LocalTokenizer, TokenizerClient
 from serve_app.ingress.pipeline import Services
@@ -47,13 +45,7 @@ def main() -> None:
         "--tokenize-on-loop", action="store_true", help="tokenize on the event loop (vLLM before the seed-002 fix)"
     )
     opts = parser.parse_args()
-    with open(opts.config) as f:
-        app_cfg = yaml.safe_load(f)["applications"][0]
-    for deployment in app_cfg.get("deployments", []):
-        env = deployment.get("ray_actor_options", {}).get("runtime_env", {}).get("env_vars", {})
-        for key, value in env.items():
-            os.environ.setdefault(key, str(value))
-    args = parse_app_args(app_cfg["args"])
+    args = load_in_process(opts.config)
 
     async def build() -> Services:
         stage = TokenizerStage.from_args(args)

@@ -12,17 +12,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import time
 import uuid
 from typing import Any
 
 import httpx
-import yaml
 
 from load.meta import run_meta
+from load.serve_config import load_in_process
 from load.stats import summary_ms
-from serve_app.config import parse_app_args
 from serve_app.messages import ChatPrompt, GenerateRequest, SamplingSpec, TokenizeRequest
 from serve_app.stages.llm import LLMStage
 from serve_app.stages.tokenizer import TokenizerStage
@@ -55,13 +53,7 @@ async def direct(stage: LLMStage, token_ids: list[int], max_tokens: int) -> tupl
 
 
 async def run(opts: argparse.Namespace) -> dict[str, Any]:
-    with open(opts.config) as f:
-        app_cfg = yaml.safe_load(f)["applications"][0]
-    for deployment in app_cfg.get("deployments", []):
-        env = deployment.get("ray_actor_options", {}).get("runtime_env", {}).get("env_vars", {})
-        for key, value in env.items():
-            os.environ.setdefault(key, str(value))
-    args = parse_app_args(app_cfg["args"])
+    args = load_in_process(opts.config)
     tokenizer = TokenizerStage.from_args(args)
     token_ids = tokenizer.tokenize(TokenizeRequest(ChatPrompt(MESSAGES), add_special_tokens=False)).token_ids
     stage = LLMStage.from_args(args)
