@@ -8,6 +8,7 @@ loop), built from this project's own classes so comparisons isolate the architec
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import uvicorn
 
@@ -47,19 +48,15 @@ def main() -> None:
     opts = parser.parse_args()
     args = load_in_process(opts.config)
 
-    async def build() -> Services:
-        stage = TokenizerStage.from_args(args)
-        tokenizer: TokenizerClient = LoopTokenizer(stage) if opts.tokenize_on_loop else LocalTokenizer(stage)
-        return Services.create(args, tokenizer, LocalLLM(LLMStage.from_args(args)))
-
-    import asyncio
-
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    services = loop.run_until_complete(build())
-    server = uvicorn.Server(uvicorn.Config(create_app(services), host=opts.host, port=opts.port,
-                                           log_level="warning", loop="asyncio"))  # fmt: skip
-    loop.run_until_complete(server.serve())
+    llm = LLMStage.from_args(args)
+    stage = TokenizerStage.from_args(args)
+    tokenizer: TokenizerClient = LoopTokenizer(stage) if opts.tokenize_on_loop else LocalTokenizer(stage)
+    services = Services.create(args, tokenizer, LocalLLM(llm))
+    services.closers += [stage.close, llm.shutdown]
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(services), host=opts.host, port=opts.port, log_level="warning", loop="asyncio")
+    )
+    asyncio.run(server.serve())
 
 
 if __name__ == "__main__":

@@ -101,7 +101,9 @@ def create_app(services: Services) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         services.health.start()
         yield
-        await services.health.stop()
+        # uvicorn runs this on SIGTERM before it re-raises the signal: the last chance to stop an
+        # in-process engine, whose child process would otherwise outlive us.
+        await services.close()
 
     app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
     app.add_middleware(_RequestMetrics, services=services)

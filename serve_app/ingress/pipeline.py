@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from serve_app.config import AppArgs
@@ -43,12 +43,19 @@ class Services:
     llm: LLMClient
     metrics: IngressMetrics
     health: HealthMonitor
+    # Stages this process owns (in-process stages only; deployments clean up after themselves).
+    closers: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
     def create(cls, args: AppArgs, tokenizer: TokenizerClient, llm: LLMClient) -> Services:
         checks = {"tokenizer": tokenizer.check_health, "llm": llm.check_health}
         monitor = HealthMonitor(checks, args.health.poll_interval_s, args.health.timeout_s)
         return cls(args, tokenizer, llm, IngressMetrics(), monitor)
+
+    async def close(self) -> None:
+        await self.health.stop()
+        for close in reversed(self.closers):
+            close()
 
 
 @dataclass

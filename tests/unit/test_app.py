@@ -218,3 +218,12 @@ def test_metrics_survive_a_down_llm(client: TestClient, fake_llm: Any) -> None:
     assert response.status_code == 200
     assert "serve_graph_requests_total" in response.text
     assert "# llm stage metrics unavailable: ConnectionError" in response.text
+
+
+def test_shutdown_closes_in_process_stages_once(services: Services) -> None:
+    closed: list[str] = []
+    services.closers += [lambda: closed.append("tokenizer"), lambda: closed.append("llm")]
+    with TestClient(create_app(services)) as client:
+        assert client.get("/v1/models").status_code == 200
+        assert closed == []
+    assert closed == ["llm", "tokenizer"]
