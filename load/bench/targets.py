@@ -1,5 +1,6 @@
 """Targets the benchmark starts itself (`--start KIND[:ARG]`), stopped when the run ends.
 
+Kinds: `baseline` (this project's stages in one process) and `vllm` (`vllm serve` of the same model).
 Extension point: `LAUNCHERS` maps a kind to a function of its optional argument that says how to
 start it (command line, URL once up). A `graph` kind (`serve run CONFIG`, URL from the config's
 `http_options`) registers there the same way; it would also need to stop Serve in its own way.
@@ -35,15 +36,37 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# Ray runs the graph's workers at nice 15 (RAY_worker_niceness); servers started here get the same,
+# so that on a shared machine neither side wins the CPU by priority alone.
+NICE = ["nice", "-n", "15"]
+DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
+
+
 def baseline(config: str | None) -> LaunchSpec:
     """The single-process baseline (`load/baseline.py`) on a free port; ARG is its config file."""
     port = free_port()
-    config = config or "configs/cpu-tiny.yaml"
-    command = [sys.executable, "-m", "load.baseline", "--port", str(port), "--config", config]
+    command = [*NICE, sys.executable, "-m", "load.baseline", "--port", str(port), "--config", config or DEFAULT_CONFIG]
     return LaunchSpec(command, f"http://127.0.0.1:{port}")
 
 
-LAUNCHERS: dict[str, Callable[[str | None], LaunchSpec]] = {"baseline": baseline}
+def vllm(config: str | None) -> LaunchSpec:
+    """`vllm serve` of the model in a graph config (ARG), with the same engine settings and env vars."""
+    from load.serve_config import load_in_process
+
+    args = load_in_process(config or DEFAULT_CONFIG)  # also sets the config's env vars, which the child inherits
+    port = free_port()
+    engine = args.engine
+    command = [*NICE, sys.executable, "-m", "load.vllm_cli", "serve", args.model.path, "--host", "127.0.0.1",
+               "--port", str(port), "--served-model-name", args.model.name,
+               "--max-model-len", str(args.model.max_model_len), "--dtype", engine.dtype,
+               "--max-num-seqs", str(engine.max_num_seqs), "--seed", str(engine.seed),
+               "--stream-interval", str(engine.stream_interval)]  # fmt: skip
+    if engine.enforce_eager:
+        command.append("--enforce-eager")
+    return LaunchSpec(command, f"http://127.0.0.1:{port}")
+
+
+LAUNCHERS: dict[str, Callable[[str | None], LaunchSpec]] = {"baseline": baseline, "vllm": vllm}
 
 
 def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path) -> None:

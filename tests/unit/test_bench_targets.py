@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def test_a_target_that_exits_fails_the_start(tmp_path: Path) -> None:
 
 
 def test_bad_specs(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown kind 'nope'; known: baseline, crashing, stand-in, stubborn"):
+    with pytest.raises(ValueError, match="unknown kind 'nope'; known: baseline, crashing, stand-in, stubborn, vllm"):
         targets.started(["nope"], tmp_path).__enter__()
     with pytest.raises(ValueError, match="already started"), targets.started(["stand-in", "stand-in"], tmp_path):
         pass
@@ -87,5 +88,29 @@ def test_bad_specs(tmp_path: Path) -> None:
 def test_baseline_command() -> None:
     spec = targets.baseline("configs/other.yaml")
     port = spec.url.rsplit(":", 1)[1]
-    assert spec.command == [sys.executable, "-m", "load.baseline", "--port", port, "--config", "configs/other.yaml"]
+    assert spec.command == [
+        *targets.NICE,
+        sys.executable,
+        "-m",
+        "load.baseline",
+        "--port",
+        port,
+        "--config",
+        "configs/other.yaml",
+    ]
     assert targets.baseline(None).command[-1] == "configs/cpu-tiny.yaml"
+
+
+def test_vllm_command_mirrors_the_graph_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS"):  # restored after the test
+        monkeypatch.delenv(name, raising=False)
+    spec = targets.vllm("configs/cpu-tiny.yaml")
+    port = spec.url.rsplit(":", 1)[1]
+    cmd = spec.command
+    assert cmd[: len(targets.NICE) + 4] == [*targets.NICE, sys.executable, "-m", "load.vllm_cli", "serve"]
+    assert cmd[cmd.index("--port") + 1] == port
+    assert cmd[cmd.index("--served-model-name") + 1] == "tiny-chat"
+    assert cmd[cmd.index("--max-model-len") + 1] == "4096"
+    assert cmd[cmd.index("--max-num-seqs") + 1] == "64"
+    assert "--enforce-eager" in cmd
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"  # the config's env vars reach the child
