@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from serve_app.errors import OverloadedError
 from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
-
-T = TypeVar("T")
 
 
 def _overloaded(stage: str, exc: BackPressureError) -> OverloadedError:

@@ -12,14 +12,13 @@ import argparse
 import asyncio
 import json
 import random
-import time
 from collections import Counter
 from typing import Any
 
 import httpx
 
+from load.bench.health import probe, summarize
 from load.meta import run_meta
-from load.stats import summary_ms
 
 WORDS = [
     "serve",
@@ -37,17 +36,12 @@ WORDS = [
 ]
 
 
+PROBE_INTERVAL_S = 0.1
+
+
 def long_prompt(words: int, seed: int) -> str:
     rng = random.Random(seed)
     return " ".join(rng.choice(WORDS) + str(rng.randint(0, 999)) for _ in range(words))
-
-
-async def probe(client: httpx.AsyncClient, url: str, stop: asyncio.Event, out: list[float]) -> None:
-    while not stop.is_set():
-        start = time.perf_counter()
-        await client.get(f"{url}/health")
-        out.append(time.perf_counter() - start)
-        await asyncio.sleep(0.1)
 
 
 async def load(client: httpx.AsyncClient, url: str, stop: asyncio.Event, prompts: list[str],
@@ -63,21 +57,20 @@ async def load(client: httpx.AsyncClient, url: str, stop: asyncio.Event, prompts
 async def measure(url: str, concurrency: int, duration_s: float, prompts: list[str]) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-        idle: list[float] = []
         stop = asyncio.Event()
-        task = asyncio.create_task(probe(client, url, stop, idle))
+        task = asyncio.create_task(probe(client, url, stop, PROBE_INTERVAL_S))
         await asyncio.sleep(3)
         stop.set()
-        await task
-        loaded: list[float] = []
+        idle = await task
         statuses: Counter[int] = Counter()
         stop = asyncio.Event()
         tasks = [asyncio.create_task(load(client, url, stop, prompts, statuses)) for _ in range(concurrency)]
-        probe_task = asyncio.create_task(probe(client, url, stop, loaded))
+        probe_task = asyncio.create_task(probe(client, url, stop, PROBE_INTERVAL_S))
         await asyncio.sleep(duration_s)
         stop.set()
-        await asyncio.gather(probe_task, *tasks)
-    return {"idle_health_ms": summary_ms(idle), "loaded_health_ms": summary_ms(loaded),
+        await asyncio.gather(*tasks)
+        loaded = await probe_task
+    return {"idle_health_ms": summarize(idle), "loaded_health_ms": summarize(loaded),
             "responses": dict(statuses), "requests_per_s": sum(statuses.values()) / duration_s}  # fmt: skip
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import httpx
 
+from load.bench.client import send
+from load.bench.datasets import Prompt
 from load.meta import run_meta
 from load.serve_config import load_in_process
 from load.stats import summary_ms
@@ -25,20 +27,15 @@ from serve_app.messages import ChatPrompt, GenerateRequest, SamplingSpec, Tokeni
 from serve_app.stages.llm import LLMStage
 from serve_app.stages.tokenizer import TokenizerStage
 
-MESSAGES = [{"role": "user", "content": "Summarize what a serving graph does, in one short paragraph."}]
+QUESTION = "Summarize what a serving graph does, in one short paragraph."
+MESSAGES = [{"role": "user", "content": QUESTION}]
 
 
-async def over_http(client: httpx.AsyncClient, url: str, max_tokens: int) -> tuple[float, float]:
-    body = {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True}
-    start = time.perf_counter()
-    ttft = None
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if ttft is None and line.startswith("data: {") and '"content":"' in line:
-                ttft = time.perf_counter() - start
-    assert ttft is not None, f"{url}: no token received"
-    return ttft, time.perf_counter() - start
+async def over_http(client: httpx.AsyncClient, url: str, model: str, prompt: Prompt) -> tuple[float, float]:
+    record = await send(client, url, "chat", model, prompt)
+    if not record.ok or record.latency is None:
+        raise RuntimeError(f"{url}: {record.error}: {record.detail}")
+    return record.content_times[0], record.latency
 
 
 async def direct(stage: LLMStage, token_ids: list[int], max_tokens: int) -> tuple[float, float]:
@@ -56,13 +53,14 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
     args = load_in_process(opts.config)
     tokenizer = TokenizerStage.from_args(args)
     token_ids = tokenizer.tokenize(TokenizeRequest(ChatPrompt(MESSAGES), add_special_tokens=False)).token_ids
+    prompt = Prompt(QUESTION, input_len=len(token_ids), output_len=opts.max_tokens)
     stage = LLMStage.from_args(args)
     targets = dict(t.split("=", 1) for t in opts.target)
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in [*targets, "engine_direct"]}
     async with httpx.AsyncClient(timeout=120) as client:
         for round_ in range(opts.rounds + opts.warmup):
             for name, url in targets.items():
-                result = await over_http(client, url, opts.max_tokens)
+                result = await over_http(client, url, args.model.name, prompt)
                 if round_ >= opts.warmup:
                     samples[name].append(result)
             result = await direct(stage, token_ids, opts.max_tokens)
