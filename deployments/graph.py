@@ -1,10 +1,11 @@
 """The application builder: `import_path: deployments.graph:build_app` in a Serve config YAML.
 
-    ingress ──(unary)──> tokenizer
-       └────(stream)───> llm
+    ingress ──(unary)──> multimodal   (only with a `multimodal:` block: vision models)
+       ├────(unary)──> tokenizer
+       └────(stream)─> llm
 
-The multimodal and vocoder stages plug in here the same way when they land: a stage class in
-`serve_app/stages/`, a deployment in `deployments/`, a handle passed to the ingress.
+Each stage is a class in `serve_app/stages/`, a deployment in `deployments/`, a handle passed to the
+ingress; the vocoder stage plugs in the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ray.serve import Application, Deployment
 
 from deployments.ingress import Ingress
 from deployments.llm import LLM
+from deployments.multimodal import Multimodal
 from deployments.tokenizer import Tokenizer
 from serve_app.config import AppArgs, parse_app_args
 
@@ -23,5 +25,6 @@ def build_app(args: dict[str, Any] | AppArgs) -> Application:
     """Validate the YAML `args:` (fails naming the bad field) and bind the graph."""
     app_args = parse_app_args(args)
     # `@serve.deployment` turns each class into a Deployment; mypy still sees the class.
-    ingress, tokenizer, llm = (cast(Deployment, d) for d in (Ingress, Tokenizer, LLM))
-    return ingress.bind(app_args, tokenizer.bind(app_args), llm.bind(app_args))
+    ingress, tokenizer, llm, multimodal = (cast(Deployment, d) for d in (Ingress, Tokenizer, LLM, Multimodal))
+    images = multimodal.bind(app_args) if app_args.multimodal is not None else None
+    return ingress.bind(app_args, tokenizer.bind(app_args), llm.bind(app_args), images)

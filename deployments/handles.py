@@ -9,14 +9,25 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from serve_app.errors import OverloadedError
-from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
+from serve_app.messages import (
+    GenerateRequest,
+    GenerationChunk,
+    ImagesRequest,
+    ProcessedImages,
+    TokenizedPrompt,
+    TokenizeRequest,
+)
 
 
 def _overloaded(stage: str, exc: BackPressureError) -> OverloadedError:
     return OverloadedError(f"The {stage} stage is at capacity; retry later. ({exc})", code="overloaded")
 
 
-class HandleTokenizer:
+class _UnaryHandle:
+    """A stage called one request, one response; a full stage becomes a 503 with Retry-After."""
+
+    stage = ""
+
     def __init__(self, handle: DeploymentHandle[Any]) -> None:
         self._handle = handle
 
@@ -24,7 +35,14 @@ class HandleTokenizer:
         try:
             return await getattr(self._handle, method).remote(*args)
         except BackPressureError as exc:
-            raise _overloaded("tokenizer", exc) from exc
+            raise _overloaded(self.stage, exc) from exc
+
+    async def check_health(self) -> None:
+        await self._call("ping")
+
+
+class HandleTokenizer(_UnaryHandle):
+    stage = "tokenizer"
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
         result: TokenizedPrompt = await self._call("tokenize", request)
@@ -33,8 +51,13 @@ class HandleTokenizer:
     async def detokenize(self, token_ids: list[int]) -> str:
         return str(await self._call("detokenize", token_ids))
 
-    async def check_health(self) -> None:
-        await self._call("ping")
+
+class HandleMultimodal(_UnaryHandle):
+    stage = "multimodal"
+
+    async def process(self, request: ImagesRequest) -> ProcessedImages:
+        result: ProcessedImages = await self._call("process", request)
+        return result
 
 
 class HandleLLM:

@@ -1,7 +1,7 @@
 """Ingress deployment: the FastAPI app of `serve_app.ingress`, wired to the stage deployments.
 
 It parses, validates, admits and streams; the CPU-heavy work runs in the tokenizer and llm
-deployments, so this replica's event loop stays free to answer `/health` under load.
+deployments (and the multimodal one for images), so this replica's event loop stays free to answer `/health` under load.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.handles import HandleLLM, HandleTokenizer
+from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer
 from serve_app.config import AppArgs
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline import Services
@@ -22,8 +22,15 @@ from serve_app.ingress.pipeline import Services
                   ray_actor_options={"num_cpus": 0.5})  # fmt: skip
 @serve.ingress()
 class Ingress:
-    def __init__(self, args: AppArgs, tokenizer: DeploymentHandle[Any], llm: DeploymentHandle[Any]) -> None:
-        self._services = Services.create(args, HandleTokenizer(tokenizer), HandleLLM(llm))
+    def __init__(
+        self,
+        args: AppArgs,
+        tokenizer: DeploymentHandle[Any],
+        llm: DeploymentHandle[Any],
+        multimodal: DeploymentHandle[Any] | None = None,
+    ) -> None:
+        images = HandleMultimodal(multimodal) if multimodal is not None else None
+        self._services = Services.create(args, HandleTokenizer(tokenizer), HandleLLM(llm), images)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self._services)

@@ -14,10 +14,11 @@ import uvicorn
 
 from load.serve_config import load_in_process
 from serve_app.ingress.app import create_app
-from serve_app.ingress.clients import LocalLLM, LocalTokenizer, TokenizerClient
+from serve_app.ingress.clients import LocalLLM, LocalMultimodal, LocalTokenizer, TokenizerClient
 from serve_app.ingress.pipeline import Services
 from serve_app.messages import TokenizedPrompt, TokenizeRequest
 from serve_app.stages.llm import LLMStage
+from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage
 
 
@@ -40,19 +41,21 @@ class LoopTokenizer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="configs/cpu-tiny.yaml")
+    parser.add_argument("--app", default=None, help="application of the config to serve (default: the first)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument(
         "--tokenize-on-loop", action="store_true", help="tokenize on the event loop (vLLM before the seed-002 fix)"
     )
     opts = parser.parse_args()
-    args = load_in_process(opts.config)
+    args = load_in_process(opts.config, opts.app)
 
     llm = LLMStage.from_args(args)
     stage = TokenizerStage.from_args(args)
     tokenizer: TokenizerClient = LoopTokenizer(stage) if opts.tokenize_on_loop else LocalTokenizer(stage)
-    services = Services.create(args, tokenizer, LocalLLM(llm))
-    services.closers += [stage.close, llm.shutdown]
+    images = MultimodalStage.from_args(args) if args.multimodal is not None else None
+    services = Services.create(args, tokenizer, LocalLLM(llm), LocalMultimodal(images) if images else None)
+    services.closers += [stage.close, llm.shutdown, *([images.close] if images else [])]
     server = uvicorn.Server(
         uvicorn.Config(create_app(services), host=opts.host, port=opts.port, log_level="warning", loop="asyncio")
     )

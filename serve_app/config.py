@@ -72,6 +72,11 @@ class EngineConfig(_Strict):
     log_stats: bool = Field(
         default=True, description="Collect engine statistics (vLLM's Prometheus metrics in `/metrics`)."
     )
+    model_impl: Literal["auto", "vllm", "transformers"] = Field(
+        default="auto",
+        description="vLLM's own model code, or its Transformers backend. The CPU vision config needs "
+        "`transformers`: vLLM's LLaVA code imports torchvision, which has no CPU build for this torch.",
+    )
 
 
 class TokenizerStageConfig(_Strict):
@@ -89,6 +94,55 @@ class LimitsConfig(_Strict):
     max_prompts_per_request: int = Field(
         default=64, ge=1, le=4096, description="Largest list of prompts in one `/v1/completions` request."
     )
+    max_request_bytes: int = Field(
+        default=32 * 2**20, ge=1024, le=2**31, description="Largest HTTP request body, images included."
+    )
+
+
+class ImageFetchConfig(_Strict):
+    timeout_s: float = Field(default=10.0, gt=0.0, le=120.0, description="Time limit for fetching one image URL.")
+    max_redirects: int = Field(default=3, ge=0, le=10, description="Redirects followed; each target is re-checked.")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts, IP addresses or CIDR networks that may be fetched although they are loopback, "
+        "private, link-local or otherwise non-public (refused by default: server-side request forgery).",
+    )
+    allowed_local_dir: str | None = Field(
+        default=None, description="Directory whose files `file://` URLs may read; `file://` is refused when unset."
+    )
+
+
+ImageFormat = Literal["PNG", "JPEG", "WEBP", "GIF", "BMP"]
+
+
+def _all_image_formats() -> list[ImageFormat]:
+    return ["PNG", "JPEG", "WEBP", "GIF", "BMP"]
+
+
+class MultimodalConfig(_Strict):
+    """Image inputs; the multimodal deployment exists only when this block is in the YAML."""
+
+    max_image_bytes: int = Field(
+        default=10 * 2**20, ge=1024, le=2**30, description="Largest encoded image (after base64 decoding or fetching)."
+    )
+    max_image_pixels: int = Field(
+        default=25_000_000,
+        ge=64,
+        # Pillow refuses more than twice its MAX_IMAGE_PIXELS (~179M) when it opens a file.
+        le=178_000_000,
+        description="Largest width x height, checked from the header before decoding (decompression bombs).",
+    )
+    max_images_per_request: int = Field(default=4, ge=1, le=64, description="Images in one request, all messages.")
+    formats: list[ImageFormat] = Field(
+        default_factory=_all_image_formats,
+        min_length=1,
+        description="Image formats accepted, as detected from the bytes (never from the URL or MIME type).",
+    )
+    threads: int = Field(default=2, ge=1, le=64, description="Decode/resize worker threads per replica.")
+    cache_entries: int = Field(
+        default=256, ge=0, le=100_000, description="Processed images kept per replica, keyed by content hash; 0: off."
+    )
+    fetch: ImageFetchConfig = Field(default_factory=ImageFetchConfig, description="Fetching `http(s)` image URLs.")
 
 
 class HealthConfig(_Strict):
@@ -107,6 +161,9 @@ class AppArgs(_Strict):
         default_factory=TokenizerStageConfig, description="Tokenizer stage options."
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Request limits.")
+    multimodal: MultimodalConfig | None = Field(
+        default=None, description="Image inputs for a vision-language model; leave out for a text-only model."
+    )
     health: HealthConfig = Field(default_factory=HealthConfig, description="Background health checks.")
 
     @model_validator(mode="after")

@@ -76,3 +76,8 @@ class OverloadedError(ServiceUnavailableError):
     """A stage is at its queue limit; the client should retry after `retry_after_s`."""
 
     retry_after_s = 1
+
+
+class PayloadTooLargeError(OpenAIError):
+    status_code = 413
+    error_type = "BadRequestError"

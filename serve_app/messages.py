@@ -1,4 +1,5 @@
-"""The typed messages that pass between stages: ingress -> tokenizer -> ingress -> llm -> ingress.
+"""The typed messages that pass between stages:
+ingress -> multimodal -> ingress -> tokenizer -> ingress -> llm -> ingress.
 
 Plain frozen dataclasses: Ray pickles them between replicas, and a streamed token pays for every
 byte and every object here, so they carry only what the next stage needs.
@@ -8,6 +9,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class ImagesRequest:
+    """Ingress -> multimodal: the image URLs of one request (data:, http(s): or allowed file:), in order."""
+
+    urls: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessedImage:
+    """Multimodal -> ingress -> llm: one decoded image, already resized to the model's input size."""
+
+    # RGB, height x width x 3, uint8: Ray ships numpy arrays without copying them through pickle.
+    pixels: Any
+    # Content hash of the encoded bytes: the engine's multimodal cache key, so it never re-hashes pixels.
+    content_hash: str
+    # Tokens the image occupies in the prompt once the engine expands its placeholder.
+    num_tokens: int
+    cache_hit: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessedImages:
+    images: list[ProcessedImage]
+    elapsed_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +65,8 @@ class TokenizeRequest:
     max_tokens: int | None = None
     # `/tokenize` wants the ids even when no room is left for generation.
     check_context: bool = True
+    # Prompt tokens of each image once its placeholder is expanded, for the context-length check.
+    image_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +76,8 @@ class TokenizedPrompt:
     token_ids: list[int]
     max_tokens: int
     elapsed_s: float
+    # Prompt length the engine sees: image placeholders expanded to their image tokens.
+    num_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +110,7 @@ class GenerateRequest:
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingSpec
+    images: list[ProcessedImage] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

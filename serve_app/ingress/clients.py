@@ -10,8 +10,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
+from serve_app.messages import (
+    GenerateRequest,
+    GenerationChunk,
+    ImagesRequest,
+    ProcessedImages,
+    TokenizedPrompt,
+    TokenizeRequest,
+)
 from serve_app.stages.llm import LLMStage
+from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage
 
 
@@ -19,6 +27,12 @@ class TokenizerClient(Protocol):
     async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt: ...
 
     async def detokenize(self, token_ids: list[int]) -> str: ...
+
+    async def check_health(self) -> None: ...
+
+
+class MultimodalClient(Protocol):
+    async def process(self, request: ImagesRequest) -> ProcessedImages: ...
 
     async def check_health(self) -> None: ...
 
@@ -40,6 +54,17 @@ class LocalTokenizer:
 
     async def detokenize(self, token_ids: list[int]) -> str:
         return await self._stage.detokenize_async(token_ids)
+
+    async def check_health(self) -> None:
+        return None
+
+
+class LocalMultimodal:
+    def __init__(self, stage: MultimodalStage) -> None:
+        self._stage = stage
+
+    async def process(self, request: ImagesRequest) -> ProcessedImages:
+        return await self._stage.process(request)
 
     async def check_health(self) -> None:
         return None

@@ -23,11 +23,16 @@ class IngressMetrics:
         )
         self.stage_seconds = Histogram(
             "serve_graph_stage_seconds",
-            "Time per stage: tokenizer (inside the stage), tokenizer_call (incl. the hop), "
+            "Time per stage: multimodal and tokenizer (inside the stage), multimodal_call and tokenizer_call "
+            "(incl. the hop), "
             "llm_first_chunk (generate call to first chunk), total.",
             ["stage"], buckets=_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.tokens = Counter("serve_graph_tokens", "Prompt and generated tokens.", ["kind"], registry=self.registry)
+        self.image_cache = Counter(
+            "serve_graph_image_cache", "Images of requests found (hit) or not (miss) in the multimodal stage's "
+            "processed-image cache; hit rate = hit / (hit + miss).", ["result"], registry=self.registry,
+        )  # fmt: skip
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,12 +1,13 @@
 """The request path shared by chat and text completions.
 
 1. Check the model name and the request's limits (n, logprobs) against the config.
-2. Tokenizer stage (one unary hop): render, tokenize, truncate, check the context length.
-3. LLM stage (one streaming hop): token ids in, merged output deltas out. Tokens travel
+2. Multimodal stage (one unary hop, only for requests with images): fetch, decode, resize.
+3. Tokenizer stage (one unary hop): render, tokenize, truncate, check the context length.
+4. LLM stage (one streaming hop): token ids in, merged output deltas out. Tokens travel
    llm -> ingress directly, so a streamed token pays one hop, never one per stage.
-4. The first chunk is awaited before any byte is sent, so an engine rejection or backpressure
+5. The first chunk is awaited before any byte is sent, so an engine rejection or backpressure
    still becomes a proper HTTP status; later chunks stream as they come.
-5. The endpoint module formats the chunks as an OpenAI response or SSE events.
+6. The endpoint module formats the chunks as an OpenAI response or SSE events.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, EngineDeadError, NotFoundError
-from serve_app.ingress.clients import LLMClient, TokenizerClient
+from serve_app.ingress.clients import LLMClient, MultimodalClient, TokenizerClient
 from serve_app.ingress.health import HealthMonitor
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.protocol import SamplingRequest
@@ -28,6 +29,8 @@ from serve_app.messages import (
     ChoiceDelta,
     GenerateRequest,
     GenerationChunk,
+    ImagesRequest,
+    ProcessedImage,
     TextPrompt,
     TokenizeRequest,
     TokenLogprob,
@@ -43,19 +46,27 @@ class Services:
     llm: LLMClient
     metrics: IngressMetrics
     health: HealthMonitor
+    # None: the model takes text only.
+    multimodal: MultimodalClient | None = None
     # Stages this process owns (in-process stages only; deployments clean up after themselves).
-    closers: list[Callable[[], None]] = field(default_factory=list)
+    closers: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
 
     @classmethod
-    def create(cls, args: AppArgs, tokenizer: TokenizerClient, llm: LLMClient) -> Services:
+    def create(
+        cls, args: AppArgs, tokenizer: TokenizerClient, llm: LLMClient, multimodal: MultimodalClient | None = None
+    ) -> Services:
         checks = {"tokenizer": tokenizer.check_health, "llm": llm.check_health}
+        if multimodal is not None:
+            checks["multimodal"] = multimodal.check_health
         monitor = HealthMonitor(checks, args.health.poll_interval_s, args.health.timeout_s)
-        return cls(args, tokenizer, llm, IngressMetrics(), monitor)
+        return cls(args, tokenizer, llm, IngressMetrics(), monitor, multimodal)
 
     async def close(self) -> None:
         await self.health.stop()
         for close in reversed(self.closers):
-            close()
+            result = close()
+            if result is not None:
+                await result
 
 
 @dataclass
@@ -64,6 +75,7 @@ class Stream:
 
     request_id: str
     prompt_token_ids: list[int]
+    num_prompt_tokens: int
     first: GenerationChunk
     rest: AsyncIterator[GenerationChunk]
     metrics: IngressMetrics
@@ -96,6 +108,24 @@ def check_limits(services: Services, request: SamplingRequest, logprobs: int | N
         raise BadRequestError(f"logprobs must be at most {limits.max_logprobs}, got {logprobs}.", param="logprobs")
 
 
+async def process_images(services: Services, urls: list[str]) -> tuple[list[ProcessedImage], dict[str, float]]:
+    """Step 2: the images of one request, with the stage's time."""
+    if not urls:
+        return [], {}
+    if services.multimodal is None:
+        raise BadRequestError(
+            f"The model `{services.args.model.name}` does not support image inputs.",
+            param="messages",
+            code="model_not_multimodal",
+        )
+    start = time.perf_counter()
+    processed = await services.multimodal.process(ImagesRequest(urls))
+    hits = sum(image.cache_hit for image in processed.images)
+    services.metrics.image_cache.labels("hit").inc(hits)
+    services.metrics.image_cache.labels("miss").inc(len(processed.images) - hits)
+    return processed.images, {"multimodal": processed.elapsed_s, "multimodal_call": time.perf_counter() - start}
+
+
 async def start_stream(
     services: Services,
     request: SamplingRequest,
@@ -104,29 +134,35 @@ async def start_stream(
     add_special_tokens: bool,
     logprobs: int | None,
     request_id: str,
+    image_urls: list[str] | None = None,
 ) -> Stream:
-    """Steps 2-4 for one prompt."""
+    """Steps 2-5 for one prompt."""
+    images, timings = await process_images(services, image_urls or [])
     start = time.perf_counter()
     tokenized = await services.tokenizer.tokenize(
-        TokenizeRequest(prompt, add_special_tokens, request.truncate_prompt_tokens, request.max_tokens)
-    )
+        TokenizeRequest(
+            prompt, add_special_tokens, request.truncate_prompt_tokens, request.max_tokens,
+            image_tokens=[image.num_tokens for image in images],
+        )
+    )  # fmt: skip
     called_llm = time.perf_counter()
     spec = request.sampling_spec(tokenized.max_tokens, logprobs)
-    generator = services.llm.generate(GenerateRequest(request_id, tokenized.token_ids, spec))
+    generator = services.llm.generate(GenerateRequest(request_id, tokenized.token_ids, spec, images))
     try:
         first = await anext(aiter(generator))
     except EngineDeadError as exc:
         services.health.mark_failed("llm", exc.message)
         raise
-    timings = {
+    timings |= {
         "tokenizer": tokenized.elapsed_s,
         "tokenizer_call": called_llm - start,
         "llm_first_chunk": time.perf_counter() - called_llm,
     }
     for stage, seconds in timings.items():
         services.metrics.stage_seconds.labels(stage).observe(seconds)
-    services.metrics.tokens.labels("prompt").inc(len(tokenized.token_ids))
-    return Stream(request_id, tokenized.token_ids, first, generator, services.metrics, timings)
+    services.metrics.tokens.labels("prompt").inc(tokenized.num_prompt_tokens or len(tokenized.token_ids))
+    num_prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
+    return Stream(request_id, tokenized.token_ids, num_prompt_tokens, first, generator, services.metrics, timings)
 
 
 def new_request_id(prefix: str) -> str:
@@ -135,8 +171,8 @@ def new_request_id(prefix: str) -> str:
 
 def timing_headers(timings: dict[str, float]) -> dict[str, str]:
     """Per-stage time in milliseconds, as `X-<Stage>-Time` headers."""
-    names = {"tokenizer": "X-Tokenizer-Time", "llm_first_chunk": "X-LLM-First-Chunk-Time",
-             "llm": "X-LLM-Time", "total": "X-Total-Time"}  # fmt: skip
+    names = {"multimodal": "X-Multimodal-Time", "tokenizer": "X-Tokenizer-Time",
+             "llm_first_chunk": "X-LLM-First-Chunk-Time", "llm": "X-LLM-Time", "total": "X-Total-Time"}  # fmt: skip
     return {names[k]: f"{v * 1000:.3f}" for k, v in timings.items() if k in names}
 
 

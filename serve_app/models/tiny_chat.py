@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -34,7 +35,7 @@ def _training_files(limit: int = 400) -> list[str]:
     return files[:limit]
 
 
-def build_tokenizer(out_dir: Path) -> None:
+def build_tokenizer(out_dir: Path, special_tokens: list[str] | None = None, chat_template: str = CHAT_TEMPLATE) -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -43,7 +44,7 @@ def build_tokenizer(out_dir: Path) -> None:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=special_tokens or SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -55,16 +56,16 @@ def build_tokenizer(out_dir: Path) -> None:
         unk_token=None,
         model_max_length=MAX_POSITIONS,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(str(out_dir))
+    return fast
 
 
-def build_model(out_dir: Path) -> None:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+def text_config(tokenizer: Any) -> Any:
+    """The language model's shape, shared with the tiny vision-language model."""
+    from transformers import LlamaConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=256,
         intermediate_size=688,
@@ -77,8 +78,15 @@ def build_model(out_dir: Path) -> None:
         bos_token_id=tokenizer.vocab["<|endoftext|>"],
         tie_word_embeddings=False,
     )
+
+
+def build_model(out_dir: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(out_dir))
     torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(text_config(tokenizer))
     model.to(torch.bfloat16)  # type: ignore[arg-type]  # transformers mis-types its wrapped `to`
     model.save_pretrained(str(out_dir), safe_serialization=True)
 

@@ -53,7 +53,11 @@ def build_engine(args: AppArgs) -> Engine:
         seed=args.engine.seed,
         stream_interval=args.engine.stream_interval,
         disable_log_stats=not args.engine.log_stats,
+        model_impl=args.engine.model_impl,
     )
+    if args.multimodal is not None:
+        # The multimodal stage enforces the same bound first, with a 400 that names it.
+        engine_args.limit_mm_per_prompt = {"image": args.multimodal.max_images_per_request}
     engine: Engine = AsyncLLM.from_engine_args(engine_args)
     return engine
 
@@ -155,6 +159,9 @@ class LLMStage:
 
         params = to_sampling_params(request.sampling)
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
+        if request.images:
+            prompt["multi_modal_data"] = {"image": [image.pixels for image in request.images]}
+            prompt["multi_modal_uuids"] = {"image": [image.content_hash for image in request.images]}
         # aclosing: if our caller goes away (client disconnect cancels the Serve call), the engine's
         # generator is closed now, which aborts the request in the engine, not whenever GC runs.
         try:

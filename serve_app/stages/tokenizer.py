@@ -59,7 +59,7 @@ def _message_text(content: Any, index: int) -> str:
         kind = part.get("type")
         if kind == "text":
             texts.append(part.get("text", ""))
-        elif kind in ("image_url", "input_image", "input_audio", "audio_url", "video_url"):
+        elif kind in _MEDIA_PARTS:
             raise BadRequestError(
                 f"messages[{index}]: content of type '{kind}' is not supported: this model takes text only.",
                 param="messages",
@@ -69,12 +69,37 @@ def _message_text(content: Any, index: int) -> str:
     return "\n".join(texts)
 
 
+def _message_parts(content: Any, index: int) -> Any:
+    """Content for a vision model's template: text parts and `{"type": "image"}` placeholders, the
+    Hugging Face convention; the images themselves travel to the engine separately."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts: list[dict[str, Any]] = []
+    for part in content:
+        kind = part.get("type")
+        if kind == "text":
+            parts.append({"type": "text", "text": part.get("text", "")})
+        elif kind in ("image", "image_url"):
+            parts.append({"type": "image"})
+        elif kind in _MEDIA_PARTS:
+            raise BadRequestError(
+                f"messages[{index}]: content of type '{kind}' is not supported by this model.", param="messages"
+            )
+        else:
+            raise BadRequestError(f"messages[{index}]: unknown content part type '{kind}'.", param="messages")
+    return parts
+
+
+_MEDIA_PARTS = frozenset({"image", "image_url", "input_image", "input_audio", "audio_url", "video_url"})
+
+
 class TokenizerStage:
     """Turns prompts into token ids that fit the model's context."""
 
-    def __init__(self, factory: TokenizerFactory, max_model_len: int, threads: int) -> None:
+    def __init__(self, factory: TokenizerFactory, max_model_len: int, threads: int, vision: bool = False) -> None:
         self._pool = TokenizerPool(factory, threads)
         self.max_model_len = max_model_len
+        self.vision = vision
         # As many threads as copies, so a thread never waits for a copy; requests beyond that wait in
         # the executor's queue, which the deployment's max_ongoing_requests bounds.
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="tokenizer")
@@ -84,7 +109,7 @@ class TokenizerStage:
     @classmethod
     def from_args(cls, args: AppArgs) -> TokenizerStage:
         factory = load_hf_tokenizer(args.model.tokenizer_path, args.model.trust_remote_code)
-        return cls(factory, args.model.max_model_len, args.tokenizer.threads)
+        return cls(factory, args.model.max_model_len, args.tokenizer.threads, vision=args.multimodal is not None)
 
     @property
     def threads(self) -> int:
@@ -104,9 +129,11 @@ class TokenizerStage:
         start = time.perf_counter()
         with self._pool.borrow() as tok:
             token_ids = self._encode(tok, request)
-        token_ids = self._truncate(token_ids, request.truncate_prompt_tokens)
-        max_tokens = self._check_length(token_ids, request) if request.check_context else 0
-        return TokenizedPrompt(token_ids, max_tokens, time.perf_counter() - start)
+        token_ids = self._truncate(token_ids, request)
+        # Each image's placeholder token becomes `image_tokens[i]` tokens in the engine.
+        num_prompt_tokens = len(token_ids) + sum(request.image_tokens) - len(request.image_tokens)
+        max_tokens = self._check_length(num_prompt_tokens, request) if request.check_context else 0
+        return TokenizedPrompt(token_ids, max_tokens, time.perf_counter() - start, num_prompt_tokens)
 
     def detokenize(self, token_ids: list[int]) -> str:
         self._check_ids(token_ids, "tokens")
@@ -126,7 +153,8 @@ class TokenizerStage:
     def _render_chat(self, tok: Any, prompt: ChatPrompt) -> str:
         if not prompt.messages:
             raise BadRequestError("messages must not be empty.", param="messages")
-        messages = [{**m, "content": _message_text(m.get("content"), i)} for i, m in enumerate(prompt.messages)]
+        content = _message_parts if self.vision else _message_text
+        messages = [{**m, "content": content(m.get("content"), i)} for i, m in enumerate(prompt.messages)]
         if prompt.continue_final_message and prompt.add_generation_prompt:
             raise BadRequestError(
                 "continue_final_message and add_generation_prompt cannot both be true.",
@@ -151,9 +179,13 @@ class TokenizerStage:
         if bad is not None:
             raise BadRequestError(f"Token id {bad} is out of vocabulary (size {self.vocab_size}).", param=param)
 
-    def _truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
+    def _truncate(self, token_ids: list[int], request: TokenizeRequest) -> list[int]:
+        keep = request.truncate_prompt_tokens
         if keep is None:
             return token_ids
+        if request.image_tokens:
+            # Cutting the prompt could cut an image's placeholder and leave its pixels unmatched.
+            raise BadRequestError("truncate_prompt_tokens cannot be used with images.", param="truncate_prompt_tokens")
         if keep == -1:
             keep = self.max_model_len
         if keep > self.max_model_len:
@@ -164,8 +196,7 @@ class TokenizerStage:
         # vLLM's semantics: keep the last `keep` tokens (left truncation).
         return token_ids[-keep:] if keep < len(token_ids) else token_ids
 
-    def _check_length(self, token_ids: list[int], request: TokenizeRequest) -> int:
-        n = len(token_ids)
+    def _check_length(self, n: int, request: TokenizeRequest) -> int:
         if n == 0:
             raise BadRequestError("The prompt is empty.", param="prompt")
         if n >= self.max_model_len:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.support import APP, PORT, ROOT, graph_healthy, load_test_config, wait_for
+from tests.integration.support import APP, PORT, ROOT, VISION_PREFIX, graph_healthy, load_test_config, wait_for
 
 # Ray Serve's throughput mode (the Makefile sets it) goes to the graph's workers through the job's
 # runtime_env; this driver process keeps the default, in which handles work from synchronous tests.
@@ -30,7 +30,14 @@ def tiny_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def graph(tiny_model: Path) -> Iterator[str]:
+def tiny_vision_model() -> Path:
+    from serve_app.models.tiny_llava import ensure_tiny_llava_model
+
+    return ensure_tiny_llava_model(ROOT / "models" / "tiny-llava")
+
+
+@pytest.fixture(scope="session")
+def graph(tiny_model: Path, tiny_vision_model: Path) -> Iterator[str]:
     import ray
     from ray import serve
     from ray.serve.context import _get_global_client
@@ -44,7 +51,8 @@ def graph(tiny_model: Path) -> Iterator[str]:
     _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
     base_url = f"http://127.0.0.1:{PORT}"
     try:
-        wait_for(lambda: graph_healthy(base_url), 240, "the graph to report healthy")
+        wait_for(lambda: graph_healthy(base_url), 240, "the text graph to report healthy")
+        wait_for(lambda: graph_healthy(base_url + VISION_PREFIX), 120, "the vision graph to report healthy")
         yield base_url
     finally:
         serve.shutdown()
@@ -63,6 +71,13 @@ def aclient(graph: str) -> Any:
     from openai import AsyncOpenAI
 
     return AsyncOpenAI(base_url=f"{graph}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def vision_client(graph: str) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{graph}{VISION_PREFIX}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="session")

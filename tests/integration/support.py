@@ -14,14 +14,22 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cpu-tiny.yaml"
 PORT = int(os.environ.get("SERVE_GRAPH_TEST_PORT", "18123"))
 APP = "llm-app"
+VISION_APP = "vision-app"
+VISION_PREFIX = "/vision"
+# A second loopback address, allow-listed for image fetching in the test config only: 127.0.0.1 stays
+# refused as in the shipped config, so one graph shows both the default and the configured behaviour.
+ALLOWED_LOOPBACK = "127.0.0.2"
 
 
 def load_test_config() -> dict[str, Any]:
-    """The default config, on a test port and with the model path pinned to this checkout."""
+    """The default config, on a test port and with the model paths pinned to this checkout."""
     config: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
     config["http_options"]["port"] = PORT
-    app = config["applications"][0]
-    app["args"]["model"]["path"] = str(ROOT / "models" / "tiny-chat")
+    for app in config["applications"]:
+        model = app["args"]["model"]
+        model["path"] = str(ROOT / model["path"])
+        if "multimodal" in app["args"]:
+            app["args"]["multimodal"]["fetch"] = {"allowed_hosts": [ALLOWED_LOOPBACK], "timeout_s": 5}
     return config
 
 

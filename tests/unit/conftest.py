@@ -19,6 +19,7 @@ from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.pipeline import Services
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, TokenLogprob
 from serve_app.models.tiny_chat import ensure_tiny_chat_model
+from serve_app.models.tiny_llava import ensure_tiny_llava_model
 from serve_app.stages.tokenizer import TokenizerStage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,6 +87,11 @@ class FakeLLM:
 @pytest.fixture(scope="session")
 def tiny_model_path() -> Path:
     return ensure_tiny_chat_model(REPO / "models" / "tiny-chat")
+
+
+@pytest.fixture(scope="session")
+def tiny_vision_model_path() -> Path:
+    return ensure_tiny_llava_model(REPO / "models" / "tiny-llava")
 
 
 @pytest.fixture(scope="session")

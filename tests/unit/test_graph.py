@@ -20,29 +20,42 @@ def load(path: Path) -> dict[str, Any]:
     return config
 
 
-def test_there_is_a_cpu_default_and_a_gpu_example() -> None:
-    assert {p.name for p in CONFIGS} >= {"cpu-tiny.yaml", "gpu-llama.yaml"}
+def test_there_are_cpu_defaults_and_gpu_examples() -> None:
+    assert {p.name for p in CONFIGS} >= {"cpu-tiny.yaml", "gpu-llama.yaml", "gpu-llava.yaml"}
+    apps = {a["name"]: a for a in load(CONFIGS[0].parent / "cpu-tiny.yaml")["applications"]}
+    assert "multimodal" not in apps["llm-app"]["args"]
+    assert "multimodal" in apps["vision-app"]["args"]
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_config_is_a_valid_serve_config_with_valid_args(path: Path) -> None:
     schema = ServeDeploySchema.model_validate(load(path))
-    (app,) = schema.applications
-    assert app.import_path == "deployments.graph:build_app"
-    parse_app_args(app.args)
-    names = {d["name"] for d in load(path)["applications"][0]["deployments"]}
-    assert names == {"ingress", "tokenizer", "llm"}
-    for deployment in load(path)["applications"][0]["deployments"]:
-        assert "max_ongoing_requests" in deployment
-        assert "max_queued_requests" in deployment
-        assert "num_replicas" in deployment or "autoscaling_config" in deployment
+    for app, raw in zip(schema.applications, load(path)["applications"], strict=True):
+        assert app.import_path == "deployments.graph:build_app"
+        args = parse_app_args(app.args)
+        names = {d["name"] for d in raw["deployments"]}
+        expected = {"ingress", "tokenizer", "llm"} | ({"multimodal"} if args.multimodal else set())
+        assert names == expected
+        for deployment in raw["deployments"]:
+            assert "max_ongoing_requests" in deployment
+            assert "max_queued_requests" in deployment
+            assert "num_replicas" in deployment or "autoscaling_config" in deployment
 
 
-def test_builder_binds_three_deployments(tiny_model_path: Path) -> None:
-    app = build_app({"model": {"path": str(tiny_model_path), "max_model_len": 256}})
+def bound_stages(app: Any) -> list[str]:
     ingress = app._bound_deployment
     assert ingress.name == "ingress"
-    assert sorted(arg._bound_deployment.name for arg in ingress.init_args[1:]) == ["llm", "tokenizer"]
+    return sorted(arg._bound_deployment.name for arg in ingress.init_args[1:] if arg is not None)
+
+
+def test_builder_binds_three_deployments_for_text(tiny_model_path: Path) -> None:
+    app = build_app({"model": {"path": str(tiny_model_path), "max_model_len": 256}})
+    assert bound_stages(app) == ["llm", "tokenizer"]
+
+
+def test_builder_binds_the_multimodal_stage_for_images(tiny_model_path: Path) -> None:
+    app = build_app({"model": {"path": str(tiny_model_path), "max_model_len": 256}, "multimodal": {}})
+    assert bound_stages(app) == ["llm", "multimodal", "tokenizer"]
 
 
 @pytest.mark.parametrize(
@@ -53,6 +66,8 @@ def test_builder_binds_three_deployments(tiny_model_path: Path) -> None:
         ({"model": {"path": "m", "max_model_len": 512}, "tokenizer": {"threads": 0}}, "tokenizer.threads"),
         ({"model": {"max_model_len": 512}}, "model.path"),
         ({"model": {"path": "m", "max_model_len": 512}, "typo": 1}, "typo"),
+        ({"model": {"path": "m", "max_model_len": 512}, "multimodal": {"formats": ["SVG"]}}, "multimodal.formats"),
+        ({"model": {"path": "m", "max_model_len": 512}, "engine": {"model_impl": "x"}}, "engine.model_impl"),
     ],
 )
 def test_builder_fails_fast_naming_the_field(args: dict[str, Any], field: str) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 from starlette.responses import JSONResponse, StreamingResponse
 
 from serve_app.ingress import sse
-from serve_app.ingress.chat.protocol import ChatCompletionRequest
+from serve_app.ingress.chat.protocol import ChatCompletionRequest, ChatMessage, ImagePart
 from serve_app.ingress.pipeline import (
     ChoiceState,
     Services,
@@ -37,6 +37,26 @@ def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
     }
 
 
+def split_images(chat: list[ChatMessage]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The messages with each image part replaced by an `{"type": "image"}` placeholder, and the image
+    URLs in prompt order: the (possibly megabytes of) image data goes to the multimodal stage only."""
+    messages: list[dict[str, Any]] = []
+    urls: list[str] = []
+    for message in chat:
+        dumped = message.model_dump(exclude_none=True)
+        if isinstance(message.content, list):
+            parts: list[dict[str, Any]] = []
+            for part in message.content:
+                if isinstance(part, ImagePart):
+                    urls.append(part.image_url.url)
+                    parts.append({"type": "image"})
+                else:
+                    parts.append(part.model_dump(exclude_none=True))
+            dumped["content"] = parts
+        messages.append(dumped)
+    return messages, urls
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {
         "prompt_tokens": prompt_tokens,
@@ -49,8 +69,9 @@ async def create_chat_completion(services: Services, request: ChatCompletionRequ
     model = check_model(services, request.model)
     logprobs = request.logprobs_k()
     check_limits(services, request, logprobs)
+    messages, image_urls = split_images(request.messages)
     prompt = ChatPrompt(
-        messages=[m.model_dump(exclude_none=True) for m in request.messages],
+        messages=messages,
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
         chat_template_kwargs=dict(request.chat_template_kwargs or {}),
@@ -58,7 +79,7 @@ async def create_chat_completion(services: Services, request: ChatCompletionRequ
     start = time.perf_counter()
     stream = await start_stream(
         services, request, prompt, add_special_tokens=False, logprobs=logprobs,
-        request_id=new_request_id("chatcmpl"),
+        request_id=new_request_id("chatcmpl"), image_urls=image_urls,
     )  # fmt: skip
     if request.stream:
         return StreamingResponse(
@@ -87,7 +108,7 @@ async def create_chat_completion(services: Services, request: ChatCompletionRequ
             }
             for i, c in enumerate(choices)
         ],
-        "usage": usage(len(stream.prompt_token_ids), completion_tokens),
+        "usage": usage(stream.num_prompt_tokens, completion_tokens),
     }
     return JSONResponse(body, headers=timing_headers(stream.timings))
 
@@ -97,7 +118,7 @@ async def _events(request: ChatCompletionRequest, stream: Stream, model: str) ->
     options = request.stream_options
     include_usage = bool(options and options.include_usage)
     continuous = bool(options and options.continuous_usage_stats)
-    prompt_tokens = len(stream.prompt_token_ids)
+    prompt_tokens = stream.num_prompt_tokens
     completion_tokens = 0
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

@@ -87,7 +87,7 @@ async def create_completion(services: Services, request: CompletionRequest) -> A
             }
             for i, c in enumerate(choices)
         ],
-        "usage": usage(sum(len(s.prompt_token_ids) for s in streams), completion_tokens),
+        "usage": usage(sum(s.num_prompt_tokens for s in streams), completion_tokens),
     }
     return JSONResponse(body, headers=headers)
 
@@ -128,7 +128,7 @@ async def _events(
     n = request.n
     options = request.stream_options
     include_usage = bool(options and options.include_usage)
-    prompt_tokens = sum(len(s.prompt_token_ids) for s in streams)
+    prompt_tokens = sum(s.num_prompt_tokens for s in streams)
     completion_tokens = 0
     offsets = [_Offsets() for _ in range(n * len(streams))]
     echoed = [not request.echo] * (n * len(streams))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from serve_app import messages
+from serve_app.ingress.chat.serving import split_images
 from serve_app.ingress.pipeline import Services, check_model
 from serve_app.ingress.tokenize.protocol import (
     DetokenizeRequest,
@@ -17,7 +18,8 @@ async def tokenize(services: Services, request: TokenizeRequest) -> TokenizeResp
     prompt: messages.ChatPrompt | messages.TextPrompt
     if request.messages is not None:
         prompt = messages.ChatPrompt(
-            messages=[m.model_dump(exclude_none=True) for m in request.messages],
+            # Images count as their placeholder token here: they are not fetched just to be counted.
+            messages=split_images(request.messages)[0],
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
             chat_template_kwargs=dict(request.chat_template_kwargs or {}),

@@ -1,0 +1,152 @@
+"""Image chat through the ingress app: the multimodal hop, placeholders, usage, metrics, body limits.
+
+In-process stages: a fake multimodal client (the stage itself is tested in test_multimodal.py), the
+tiny LLaVA's real tokenizer stage and `FakeLLM`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from serve_app.config import parse_app_args
+from serve_app.errors import BadRequestError
+from serve_app.ingress.app import create_app
+from serve_app.ingress.clients import LocalTokenizer
+from serve_app.ingress.pipeline import Services
+from serve_app.messages import ImagesRequest, ProcessedImage, ProcessedImages
+from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.conftest import FakeLLM
+
+CHAT = "/v1/chat/completions"
+TOKENS_PER_IMAGE = 16
+MAX_REQUEST_BYTES = 4096
+
+
+class FakeMultimodal:
+    """Every URL is an image of TOKENS_PER_IMAGE tokens; a URL seen before is a cache hit."""
+
+    def __init__(self) -> None:
+        self.requests: list[ImagesRequest] = []
+        self.seen: set[str] = set()
+
+    async def process(self, request: ImagesRequest) -> ProcessedImages:
+        self.requests.append(request)
+        if any(url.startswith("bad:") for url in request.urls):
+            raise BadRequestError("Image 1: not an image", param="messages", code="invalid_image")
+        images = []
+        for url in request.urls:
+            images.append(ProcessedImage(np.zeros((2, 2, 3), np.uint8), url, TOKENS_PER_IMAGE, url in self.seen))
+            self.seen.add(url)
+        return ProcessedImages(images, 0.002)
+
+    async def check_health(self) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def vision_args(tiny_vision_model_path: Path) -> Any:
+    return parse_app_args({
+        "model": {"path": str(tiny_vision_model_path), "served_model_name": "tiny-llava", "max_model_len": 256},
+        "limits": {"max_request_bytes": MAX_REQUEST_BYTES},
+        "multimodal": {},
+    })  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def vision_tokenizer(vision_args: Any) -> Iterator[TokenizerStage]:
+    stage = TokenizerStage.from_args(vision_args)
+    yield stage
+    stage.close()
+
+
+@pytest.fixture
+def multimodal() -> FakeMultimodal:
+    return FakeMultimodal()
+
+
+@pytest.fixture
+def vision_client(vision_args: Any, vision_tokenizer: TokenizerStage, fake_llm: FakeLLM, multimodal: Any) -> Any:
+    services = Services.create(vision_args, LocalTokenizer(vision_tokenizer), fake_llm, multimodal)
+    return TestClient(create_app(services))
+
+
+def image_message(*urls: str) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "What is this?"}]
+    parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": parts}]
+
+
+def test_images_go_to_the_multimodal_stage_and_then_to_the_llm(
+    vision_client: TestClient, multimodal: FakeMultimodal, fake_llm: FakeLLM
+) -> None:
+    response = vision_client.post(CHAT, json={"messages": image_message("data:a", "data:b"), "max_tokens": 3})
+    assert response.status_code == 200, response.text
+    assert multimodal.requests == [ImagesRequest(["data:a", "data:b"])]
+    (generated,) = fake_llm.requests
+    assert [image.content_hash for image in generated.images] == ["data:a", "data:b"]
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens"] == len(generated.prompt_token_ids) + 2 * (TOKENS_PER_IMAGE - 1)
+    assert float(response.headers["X-Multimodal-Time"]) == pytest.approx(2.0)
+
+
+def test_streaming_usage_counts_image_tokens(vision_client: TestClient, fake_llm: FakeLLM, sse_events: Any) -> None:
+    body = {"messages": image_message("data:a"), "max_tokens": 2, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    response = vision_client.post(CHAT, json=body)
+    assert response.status_code == 200
+    usage = sse_events(response.text)[-2]["usage"]
+    assert usage["prompt_tokens"] == len(fake_llm.requests[0].prompt_token_ids) + TOKENS_PER_IMAGE - 1
+
+
+def test_text_only_requests_skip_the_multimodal_stage(vision_client: TestClient, multimodal: FakeMultimodal) -> None:
+    response = vision_client.post(CHAT, json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    assert response.status_code == 200
+    assert multimodal.requests == []
+
+
+def test_image_errors_are_400s(vision_client: TestClient, fake_llm: FakeLLM) -> None:
+    response = vision_client.post(CHAT, json={"messages": image_message("bad:x"), "max_tokens": 1})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_image"
+    assert fake_llm.requests == []
+
+
+def test_image_cache_hits_are_counted(vision_client: TestClient) -> None:
+    for _ in range(2):
+        assert vision_client.post(CHAT, json={"messages": image_message("data:a"), "max_tokens": 1}).status_code == 200
+    metrics = vision_client.get("/metrics").text
+    assert 'serve_graph_image_cache_total{result="hit"} 1.0' in metrics
+    assert 'serve_graph_image_cache_total{result="miss"} 1.0' in metrics
+
+
+def test_a_text_model_says_it_has_no_vision(client: TestClient) -> None:
+    response = client.post(CHAT, json={"messages": image_message("data:a"), "max_tokens": 1})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "model_not_multimodal"
+
+
+def test_an_oversized_body_is_413_before_parsing(vision_client: TestClient, multimodal: FakeMultimodal) -> None:
+    body = {"messages": image_message("data:image/png;base64," + "A" * MAX_REQUEST_BYTES), "max_tokens": 1}
+    response = vision_client.post(CHAT, json=body)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+    assert multimodal.requests == []
+    assert vision_client.post(CHAT, json={"messages": image_message("data:a"), "max_tokens": 1}).status_code == 200
+
+
+def test_an_oversized_chunked_body_is_413(vision_client: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(MAX_REQUEST_BYTES // 512 + 1):
+            yield b"x" * 512
+        yield b'"}]}'
+
+    response = vision_client.post(CHAT, content=chunks(), headers={"Content-Type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
