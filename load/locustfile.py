@@ -1,18 +1,22 @@
-"""Locust scenarios for the OpenAI API: text chat and long-prompt chat (image chat and TTS come with
-their endpoints). Each user sends streamed requests back to back, like one slot of fixed concurrency.
+"""Locust scenarios for the OpenAI API: text chat, long-prompt chat and image chat (TTS comes with its
+endpoint). Each user sends streamed requests back to back, like one slot of fixed concurrency.
 
     locust -f load/locustfile.py --host http://127.0.0.1:8000                      # web UI, :8089
     locust -f load/locustfile.py --host http://127.0.0.1:8000 --headless -u 8 -r 2 -t 60s TextChatUser
     locust -f load/locustfile.py --host http://127.0.0.1:8000 --headless -u 4 -t 30s LongPromptChatUser \\
         --long-fractions 0.9,1.5
+    locust -f load/locustfile.py --host http://127.0.0.1:8000/vision --headless -u 4 -t 30s ImageChatUser \\
+        --images-per-request 2 --image-repeat 0.5
 
 Rows in locust's statistics (and --csv files):
-- `chat`, `long chat near limit`: the whole streamed request, sent -> [DONE];
+- `chat`, `long chat near limit`, `image chat`: the whole streamed request, sent -> [DONE];
   `long chat over limit`: time to the expected 400 (the prompt is tokenized, then refused).
 - `TTFT <row>`, `TPOT <row>`: as `python -m load.bench` measures them (see load/bench/metrics.py).
-- `STAGE <row>: tokenizer`, `STAGE <row>: llm_first_chunk`: the server's X-Tokenizer-Time and
-  X-LLM-First-Chunk-Time headers.
-Prompts are built at test start like the bench's: --input-len, --output-len, --long-fractions.
+- `STAGE <row>: tokenizer`, `STAGE <row>: llm_first_chunk`, `STAGE image chat: multimodal`: the
+  server's X-Tokenizer-Time, X-LLM-First-Chunk-Time and X-Multimodal-Time headers.
+Prompts are built at test start like the bench's: --input-len, --output-len, --long-fractions, and
+for image chat --images-per-request, --image-size, --image-format, --image-repeat (load/bench/images.py;
+its images are encoded then too, not while requests are timed).
 """
 
 from __future__ import annotations
@@ -27,8 +31,17 @@ import httpx
 from locust import HttpUser, constant, events, task
 from locust.env import Environment
 
+from load.bench import images
 from load.bench.client import request_body
-from load.bench.datasets import Prompt, WordDataset, fetch_model, long_input_lens, single_token_words
+from load.bench.datasets import (
+    IMAGE_TEXT_LEN,
+    TEXT_INPUT_LEN,
+    Prompt,
+    WordDataset,
+    fetch_model,
+    long_input_lens,
+    single_token_words,
+)
 from load.bench.sse import StreamState, stage_times_ms
 
 
@@ -38,6 +51,7 @@ class Prompts:
     max_model_len: int
     text: WordDataset
     long: WordDataset
+    image: images.ImageDataset | None  # only when ImageChatUser runs: its pictures take seconds to encode
 
 
 # Built when a test starts: the host (and in the web UI the options) are only known then.
@@ -48,12 +62,15 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any) -> None:
-    parser.add_argument("--input-len", type=int, default=256, help="text chat: prompt tokens")
+    parser.add_argument(
+        "--input-len", type=int, help=f"prompt tokens (default {TEXT_INPUT_LEN}; image chat: {IMAGE_TEXT_LEN} of text)"
+    )
     parser.add_argument("--output-len", type=int, default=32, help="tokens generated per request (ignore_eos)")
     parser.add_argument(
         "--long-fractions", default="0.9,1.5",
         help="long chat: prompt lengths as fractions of max_model_len, comma-separated; from 1 on they must be refused",
     )  # fmt: skip
+    images.add_options(parser)
 
 
 @events.test_start.add_listener
@@ -69,12 +86,18 @@ def _build_prompts(environment: Environment, **_: Any) -> None:
         raise ValueError(f"{host}/v1/models gives no max_model_len: long prompts cannot be sized")
     fractions = [float(f) for f in str(opts.long_fractions).split(",")]
     long_lens = long_input_lens(model.max_model_len, opts.output_len, fractions)
+    # The web UI leaves an option without default ("" when left empty) a string.
+    input_len = int(opts.input_len) if opts.input_len else None
+    image = None
+    if ImageChatUser in environment.user_classes:
+        image = images.from_options(opts, WordDataset(words, (input_len or IMAGE_TEXT_LEN,), opts.output_len))
     _prompts[:] = [
         Prompts(
             model.name,
             model.max_model_len,
-            WordDataset(words, (opts.input_len,), opts.output_len),
+            WordDataset(words, (input_len or TEXT_INPUT_LEN,), opts.output_len),
             WordDataset(words, long_lens, opts.output_len),
+            image,
         )
     ]
 
@@ -144,3 +167,16 @@ class LongPromptChatUser(_ChatUser):
             self.chat("long chat near limit", prompt)
         else:
             self.chat("long chat over limit", prompt, expect_status=400)
+
+
+class ImageChatUser(_ChatUser):
+    """Streamed chat with a short text and generated images (--images-per-request and the other image
+    options); the host is a vision model's server, e.g. the graph's vision app at /vision."""
+
+    next_prompt = itertools.count()
+
+    @task
+    def image_chat(self) -> None:
+        image = _prompts[0].image
+        assert image is not None  # built at test start whenever this class runs
+        self.chat("image chat", image.prompt(next(self.next_prompt)))

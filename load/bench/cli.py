@@ -6,6 +6,8 @@ request and output-token throughput, goodput, TTFT, TPOT, ITL and E2EL (mean, P5
       --concurrency 1 4 16 --duration 20 --rounds 3 --goodput ttft:500 tpot:50
   python -m load.bench --target graph=http://127.0.0.1:8000 --start baseline \\
       --endpoint chat --dataset long --request-rate 1 4 --max-concurrency 16
+  python -m load.bench --target graph=http://127.0.0.1:8000/vision --start baseline:configs/cpu-tiny.yaml@vision-app \\
+      --dataset image --images-per-request 2 --image-repeat 0.5 --concurrency 4
 
 Writes results.json, results.md, latency_vs_level.png and health_over_time.png under --out.
 The client's own event-loop lag is measured too: a stalled client inflates every time it takes, and
@@ -24,9 +26,18 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from load.bench import report, targets
+from load.bench import images, report, targets
 from load.bench.client import RequestRecord
-from load.bench.datasets import ModelInfo, WordDataset, fetch_model, long_input_lens, single_token_words
+from load.bench.datasets import (
+    IMAGE_TEXT_LEN,
+    TEXT_INPUT_LEN,
+    Dataset,
+    ModelInfo,
+    WordDataset,
+    fetch_model,
+    long_input_lens,
+    single_token_words,
+)
 from load.bench.metrics import parse_slos
 from load.bench.runner import Cell, CellResult, Runner, Target, Workload
 from load.meta import run_meta
@@ -44,14 +55,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="KIND[:ARG]",
         help=f"start a target for the run, named KIND; kinds: {', '.join(sorted(targets.LAUNCHERS))}",
     )
-    p.add_argument("--endpoint", choices=["completions", "chat"], default="completions")
+    p.add_argument("--endpoint", choices=["completions", "chat"], help="default: completions; chat for images")
     p.add_argument(
         "--dataset",
-        choices=["random", "long"],
+        choices=["random", "long", "image"],
         default="random",
-        help="random: --input-len tokens; long: --long-fractions of the context",
+        help="random: --input-len tokens; long: --long-fractions of the context; image: chat with --input-len "
+        "text tokens and --images-per-request images",
     )
-    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument(
+        "--input-len", type=int, help=f"prompt tokens (default {TEXT_INPUT_LEN}; image: {IMAGE_TEXT_LEN}, text only)"
+    )
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument(
         "--long-fractions",
@@ -63,6 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, nargs="+", help="fixed concurrency levels (default: 4)")
     load.add_argument("--request-rate", type=float, nargs="+", help="Poisson arrival rates, req/s")
+    images.add_options(p)
     p.add_argument("--max-concurrency", type=int, default=None, help="with --request-rate: cap on requests in flight")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of load per target, level and round")
     p.add_argument("--rounds", type=int, default=1)
@@ -79,6 +94,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     opts = p.parse_args(argv)
     if not opts.target and not opts.start:
         p.error("give at least one --target NAME=URL or --start KIND")
+    if opts.dataset == "image" and opts.endpoint == "completions":
+        p.error("--dataset image needs --endpoint chat")
+    opts.endpoint = opts.endpoint or ("chat" if opts.dataset == "image" else "completions")
+    if opts.input_len is None:
+        opts.input_len = IMAGE_TEXT_LEN if opts.dataset == "image" else TEXT_INPUT_LEN
     if opts.max_concurrency is not None and opts.request_rate is None:
         p.error("--max-concurrency only applies with --request-rate")
     if opts.duration <= 0 or opts.rounds < 1 or opts.output_len < 1 or opts.input_len < 1:
@@ -128,18 +148,22 @@ class Bar:
         self.bar.close()
 
 
-def build_dataset(opts: argparse.Namespace, urls: dict[str, str], models: dict[str, ModelInfo]) -> WordDataset:
-    """The prompts, built with the first target's tokenizer: every target gets the same text."""
+def build_dataset(opts: argparse.Namespace, urls: dict[str, str], models: dict[str, ModelInfo]) -> Dataset:
+    """The prompts, built with the first target's tokenizer: every target gets the same text (and images,
+    all encoded here, before the run)."""
     first = next(iter(urls))
     with httpx.Client(timeout=60) as client:
         words = single_token_words(client, urls[first], models[first].name)
+    if opts.dataset == "long":
+        contexts = [m.max_model_len for m in models.values() if m.max_model_len is not None]
+        if not contexts:
+            raise SystemExit("--dataset long needs max_model_len in the targets' GET /v1/models")
+        input_lens = long_input_lens(min(contexts), opts.output_len, opts.long_fractions)
+        return WordDataset(tuple(words), input_lens, opts.output_len, opts.seed)
+    text = WordDataset(tuple(words), (opts.input_len,), opts.output_len, opts.seed)
     if opts.dataset == "random":
-        return WordDataset(tuple(words), (opts.input_len,), opts.output_len, opts.seed)
-    contexts = [m.max_model_len for m in models.values() if m.max_model_len is not None]
-    if not contexts:
-        raise SystemExit("--dataset long needs max_model_len in the targets' GET /v1/models")
-    input_lens = long_input_lens(min(contexts), opts.output_len, opts.long_fractions)
-    return WordDataset(tuple(words), input_lens, opts.output_len, opts.seed)
+        return text
+    return images.from_options(opts, text)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -44,7 +44,11 @@ def request_body(endpoint: Endpoint, model: str, prompt: Prompt) -> dict[str, An
         "stream": True,
         "stream_options": {"include_usage": True},  # exact token counts, not chunk counts
     }
-    if endpoint == "chat":
+    if endpoint == "chat" and prompt.images:
+        parts: list[dict[str, Any]] = [{"type": "text", "text": prompt.text}]
+        parts += [{"type": "image_url", "image_url": {"url": url}} for url in prompt.images]
+        body["messages"] = [{"role": "user", "content": parts}]
+    elif endpoint == "chat":
         body["messages"] = [{"role": "user", "content": prompt.text}]
     else:
         body["prompt"] = prompt.text

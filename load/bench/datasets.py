@@ -1,4 +1,5 @@
-"""Prompts built locally, with an exact number of input tokens, for random and long-context workloads.
+"""Prompts built locally, with an exact number of input tokens, for random and long-context workloads
+(and for the text of image-chat requests, see `images.py`).
 
 A prompt is a sequence of words that the target's tokenizer encodes as one token each when preceded
 by a space. Byte-level BPE tokenizers (GPT-2, Llama 3, this project's tiny model) never merge across
@@ -12,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 
@@ -26,6 +28,9 @@ WORDS = (
 MIN_WORDS = 16
 # Room left in a near-limit prompt for the chat template's tokens (Llama 3's header is ~30).
 TEMPLATE_MARGIN = 64
+# Default --input-len: text prompts, and the short question that goes with the images of image chat.
+TEXT_INPUT_LEN = 256
+IMAGE_TEXT_LEN = 32
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,16 @@ class Prompt:
     text: str
     input_len: int
     output_len: int
+    images: tuple[str, ...] = ()  # image URLs (data URLs), sent after the text in a chat message
+
+
+class Dataset(Protocol):
+    """What the runner sends: prompt `i` is the same for every target."""
+
+    @property
+    def input_lens(self) -> tuple[int, ...]: ...
+
+    def prompt(self, index: int) -> Prompt: ...
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from load.bench import health, metrics
 from load.bench.runner import CellResult, Workload
+from load.bench.sse import STAGE_HEADERS
 from load.stats import summary_ms
 
 # Client loop lag above which the markdown warns: a 10 ms sleeper woken this late means the client
@@ -121,7 +122,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {name} | {level} | {_dist(m['ttft_ms'])} | {_dist(m['tpot_ms'])} | {_dist(m['itl_ms'])} "
             f"| {_dist(m['e2el_ms'])} |"
         )
-    stages = sorted({stage for _, _, m in rows for stage in m["stage_ms"]})
+    stages = [stage for stage in STAGE_HEADERS.values() if any(stage in m["stage_ms"] for _, _, m in rows)]
     if stages:
         lines += ["", "Stage times the server reports (X-*-Time headers), ms: p50 / p99", ""]
         lines += [f"| target | {level_name} | " + " | ".join(stages) + " |", "|---|---:|" + "---:|" * len(stages)]

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 import httpx
 
 from load.bench.client import Endpoint, RequestRecord, send
-from load.bench.datasets import WordDataset
+from load.bench.datasets import Dataset
 from load.bench.health import HealthSample, loop_lag, probe
 
 Mode = Literal["concurrency", "rate"]
@@ -127,7 +127,7 @@ class Runner:
     """Sends each target the dataset's prompts in order, continuing across cells, so two targets get
     the same prompts and no target sees a prompt twice (that would hit its prefix cache)."""
 
-    def __init__(self, targets: Sequence[Target], dataset: WordDataset, workload: Workload, progress: Progress) -> None:
+    def __init__(self, targets: Sequence[Target], dataset: Dataset, workload: Workload, progress: Progress) -> None:
         self.targets = {t.name: t for t in targets}
         self.dataset = dataset
         self.workload = workload

@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Per-stage times the ingress reports, in milliseconds. X-Total-Time only comes with non-streamed
-# responses: a streamed response's headers leave before its end.
+# Per-stage times the ingress reports, in milliseconds, in pipeline order. X-Multimodal-Time only comes
+# with images; X-Total-Time only with non-streamed responses (a streamed one's headers leave first).
 STAGE_HEADERS = {
+    "X-Multimodal-Time": "multimodal",
     "X-Tokenizer-Time": "tokenizer",
     "X-LLM-First-Chunk-Time": "llm_first_chunk",
     "X-Total-Time": "total",

@@ -1,6 +1,9 @@
 """Targets the benchmark starts itself (`--start KIND[:ARG]`), stopped when the run ends.
 
 Kinds: `baseline` (this project's stages in one process) and `vllm` (`vllm serve` of the same model).
+For both, ARG is `CONFIG[@APP]`: a Serve config file (default configs/cpu-tiny.yaml) and the name of
+one of its applications (default the first), e.g. `vllm:configs/cpu-tiny.yaml@vision-app` or
+`baseline:@vision-app`.
 Extension point: `LAUNCHERS` maps a kind to a function of its optional argument that says how to
 start it (command line, URL once up). A `graph` kind (`serve run CONFIG`, URL from the config's
 `http_options`) registers there the same way; it would also need to stop Serve in its own way.
@@ -8,6 +11,7 @@ start it (command line, URL once up). A `graph` kind (`serve run CONFIG`, URL fr
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -42,18 +46,27 @@ NICE = ["nice", "-n", "15"]
 DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
 
 
-def baseline(config: str | None) -> LaunchSpec:
-    """The single-process baseline (`load/baseline.py`) on a free port; ARG is its config file."""
+def config_and_app(arg: str | None) -> tuple[str, str | None]:
+    """`CONFIG[@APP]` -> (config file, application name or None for the first one)."""
+    config, _, app = (arg or "").partition("@")
+    return config or DEFAULT_CONFIG, app or None
+
+
+def baseline(arg: str | None) -> LaunchSpec:
+    """The single-process baseline (`load/baseline.py`) of a config's application, on a free port."""
+    config, app = config_and_app(arg)
     port = free_port()
-    command = [*NICE, sys.executable, "-m", "load.baseline", "--port", str(port), "--config", config or DEFAULT_CONFIG]
+    command = [*NICE, sys.executable, "-m", "load.baseline", "--port", str(port), "--config", config]
+    if app is not None:
+        command += ["--app", app]
     return LaunchSpec(command, f"http://127.0.0.1:{port}")
 
 
-def vllm(config: str | None) -> LaunchSpec:
-    """`vllm serve` of the model in a graph config (ARG), with the same engine settings and env vars."""
+def vllm(arg: str | None) -> LaunchSpec:
+    """`vllm serve` of the model of a config's application, with the same engine settings and env vars."""
     from load.serve_config import load_in_process
 
-    args = load_in_process(config or DEFAULT_CONFIG)  # also sets the config's env vars, which the child inherits
+    args = load_in_process(*config_and_app(arg))  # also sets the config's env vars, which the child inherits
     port = free_port()
     engine = args.engine
     command = [*NICE, sys.executable, "-m", "load.vllm_cli", "serve", args.model.path, "--host", "127.0.0.1",
@@ -63,6 +76,11 @@ def vllm(config: str | None) -> LaunchSpec:
                "--stream-interval", str(engine.stream_interval)]  # fmt: skip
     if engine.enforce_eager:
         command.append("--enforce-eager")
+    if engine.model_impl != "auto":
+        command += ["--model-impl", engine.model_impl]
+    if args.multimodal is not None:
+        # The graph's limit on images per request, so that both refuse the same requests (vLLM's own default: 999).
+        command += ["--limit-mm-per-prompt", json.dumps({"image": args.multimodal.max_images_per_request})]
     return LaunchSpec(command, f"http://127.0.0.1:{port}")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -91,24 +92,35 @@ def build_model(out_dir: Path) -> None:
     model.save_pretrained(str(out_dir), safe_serialization=True)
 
 
-def ensure_tiny_chat_model(out_dir: str | Path) -> Path:
-    """Build the model into `out_dir` unless a finished build is already there."""
+def ensure_built(out_dir: str | Path, build: Callable[[Path], None]) -> Path:
+    """Run `build` into `out_dir` unless a finished build is already there (an interrupted one is redone)."""
     path = Path(out_dir).resolve()
     marker = path / ".complete"
     if marker.exists():
         return path
     path.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(path)
-    build_model(path)
+    build(path)
     marker.write_text("ok\n")
     return path
 
 
+def build(out_dir: Path) -> None:
+    build_tokenizer(out_dir)
+    build_model(out_dir)
+
+
+def ensure_tiny_chat_model(out_dir: str | Path) -> Path:
+    return ensure_built(out_dir, build)
+
+
+def cli(description: str | None, default_dir: str, ensure: Callable[[str], Path]) -> None:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("out_dir", nargs="?", default=default_dir)
+    print(ensure(parser.parse_args().out_dir))
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("out_dir", nargs="?", default="models/tiny-chat")
-    args = parser.parse_args()
-    print(ensure_tiny_chat_model(args.out_dir))
+    cli(__doc__, "models/tiny-chat", ensure_tiny_chat_model)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,9 @@ tokens each. Run `python -m serve_app.models.tiny_llava models/tiny-llava`.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from serve_app.models.tiny_chat import SEED, SPECIAL_TOKENS, build_tokenizer, text_config
+from serve_app.models.tiny_chat import SEED, SPECIAL_TOKENS, build_tokenizer, cli, ensure_built, text_config
 
 IMAGE_TOKEN = "<image>"
 IMAGE_SIZE = 56
@@ -90,22 +89,11 @@ def _vllm_name(key: str) -> str:
 
 
 def ensure_tiny_llava_model(out_dir: str | Path) -> Path:
-    """Build the model into `out_dir` unless a finished build is already there."""
-    path = Path(out_dir).resolve()
-    marker = path / ".complete"
-    if marker.exists():
-        return path
-    path.mkdir(parents=True, exist_ok=True)
-    build(path)
-    marker.write_text("ok\n")
-    return path
+    return ensure_built(out_dir, build)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("out_dir", nargs="?", default="models/tiny-llava")
-    args = parser.parse_args()
-    print(ensure_tiny_llava_model(args.out_dir))
+    cli(__doc__, "models/tiny-llava", ensure_tiny_llava_model)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from load.bench import main
 from load.bench.cli import parse_args
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline import Services
-from tests.unit.bench_support import serving
+from tests.unit.bench_support import serving, vision_services
+from tests.unit.conftest import FakeLLM
 
 
 @pytest.fixture
@@ -61,6 +62,35 @@ def test_long_prompts_at_a_request_rate(url: str, tmp_path: Path) -> None:
     )
 
 
+def test_image_chat(tiny_vision_model_path: Path, fake_llm: FakeLLM, tmp_path: Path) -> None:
+    with serving(create_app(vision_services(tiny_vision_model_path, fake_llm))) as url:
+        results = main([
+            "--target", f"vision={url}", "--dataset", "image", "--images-per-request", "2", "--image-size", "80x60",
+            "--image-repeat", "0.5", "--output-len", "4", "--concurrency", "2", "--duration", "0.5",
+            "--out", str(tmp_path), "--no-plots", "--no-progress",
+        ])  # fmt: skip
+    assert (results["config"]["endpoint"], results["config"]["input_lens"]) == ("chat", [32])
+    m = results["results"]["vision"]["2"]
+    assert m["completed"] > 0 and m["failed"] == 0
+    assert m["total_input_tokens"] > m["completed"] * (32 + 2 * 16)  # the text, two images, the template
+    assert set(m["stage_ms"]) == {"multimodal", "tokenizer", "llm_first_chunk"}
+    assert all(len(request.images) == 2 for request in fake_llm.requests)
+    hits = [image.cache_hit for request in fake_llm.requests for image in request.images]
+    assert any(hits) and not all(hits)  # the repeated half hits the stage's cache after the first few
+    assert "| vision | 2 | " in (tmp_path / "results.md").read_text()
+    assert "multimodal | tokenizer | llm_first_chunk" in (tmp_path / "results.md").read_text()
+
+
+def test_defaults_depend_on_the_dataset() -> None:
+    text = parse_args(["--target", "a=http://x"])
+    assert (text.endpoint, text.input_len) == ("completions", 256)
+    image = parse_args(["--target", "a=http://x", "--dataset", "image"])
+    assert (image.endpoint, image.input_len) == ("chat", 32)
+    assert (image.images_per_request, image.image_size, image.image_format, image.image_repeat) == (
+        1, "1024x768", "jpeg", 0.0,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -73,6 +103,12 @@ def test_long_prompts_at_a_request_rate(url: str, tmp_path: Path) -> None:
         ["--target", "a=x:8000"],
         ["--target", "a=http://x", "--target", "a=http://y"],
         ["--target", "baseline=http://x", "--start", "baseline"],
+        ["--target", "a=http://x", "--dataset", "image", "--endpoint", "completions"],
+        ["--target", "a=http://x", "--dataset", "image", "--image-size", "640"],
+        ["--target", "a=http://x", "--dataset", "image", "--image-size", "0x480"],
+        ["--target", "a=http://x", "--dataset", "image", "--image-repeat", "1.5"],
+        ["--target", "a=http://x", "--dataset", "image", "--images-per-request", "0"],
+        ["--target", "a=http://x", "--dataset", "image", "--image-format", "gif"],
     ],
 )
 def test_bad_arguments(argv: list[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -101,9 +102,34 @@ def test_baseline_command() -> None:
     assert targets.baseline(None).command[-1] == "configs/cpu-tiny.yaml"
 
 
-def test_vllm_command_mirrors_the_graph_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS"):  # restored after the test
+@pytest.mark.parametrize(
+    ("arg", "config", "app"),
+    [
+        (None, "configs/cpu-tiny.yaml", None),
+        ("configs/other.yaml", "configs/other.yaml", None),
+        ("configs/cpu-tiny.yaml@vision-app", "configs/cpu-tiny.yaml", "vision-app"),
+        ("@vision-app", "configs/cpu-tiny.yaml", "vision-app"),
+    ],
+)
+def test_config_and_app(arg: str | None, config: str, app: str | None) -> None:
+    assert targets.config_and_app(arg) == (config, app)
+
+
+def test_baseline_command_selects_the_app() -> None:
+    cmd = targets.baseline("configs/cpu-tiny.yaml@vision-app").command
+    assert cmd[cmd.index("--config") + 1] == "configs/cpu-tiny.yaml"
+    assert cmd[cmd.index("--app") + 1] == "vision-app"
+
+
+@pytest.fixture
+def config_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env vars that `vllm` sets from the config, restored after the test."""
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "OMP_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("config_env")
+def test_vllm_command_mirrors_the_graph_config() -> None:
     spec = targets.vllm("configs/cpu-tiny.yaml")
     port = spec.url.rsplit(":", 1)[1]
     cmd = spec.command
@@ -113,4 +139,18 @@ def test_vllm_command_mirrors_the_graph_config(monkeypatch: pytest.MonkeyPatch) 
     assert cmd[cmd.index("--max-model-len") + 1] == "4096"
     assert cmd[cmd.index("--max-num-seqs") + 1] == "64"
     assert "--enforce-eager" in cmd
+    assert "--model-impl" not in cmd and "--limit-mm-per-prompt" not in cmd  # auto, and a text model
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"  # the config's env vars reach the child
+
+
+@pytest.mark.usefixtures("config_env")
+def test_vllm_command_for_the_vision_app() -> None:
+    cmd = targets.vllm("configs/cpu-tiny.yaml@vision-app").command
+    assert cmd[cmd.index("--served-model-name") + 1] == "tiny-llava"
+    assert cmd[cmd.index("--model-impl") + 1] == "transformers"
+    assert json.loads(cmd[cmd.index("--limit-mm-per-prompt") + 1]) == {"image": 4}
+
+
+def test_vllm_command_for_an_unknown_app() -> None:
+    with pytest.raises(SystemExit, match="has no application 'nope'"):
+        targets.vllm("configs/cpu-tiny.yaml@nope")
