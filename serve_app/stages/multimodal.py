@@ -127,7 +127,7 @@ class MultimodalStage:
 
     def _decode(self, index: int, data: bytes) -> tuple[Any, int]:
         try:
-            image = fit_image(decode_image(data, self.config), self._size)
+            image = fit_image(decode_image(data, self.config, self._size), self._size)
         except BadRequestError as exc:
             raise _for_image(index, exc) from exc
         pixels = np.asarray(image, dtype=np.uint8)

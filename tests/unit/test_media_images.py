@@ -7,6 +7,7 @@ import warnings
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
@@ -232,3 +233,21 @@ def test_image_size_from_dynamic_and_bare_processors() -> None:
     legacy = SimpleNamespace(size={"max_pixels": 4096}, resample=0)
     assert ImageSize.from_hf_image_processor(legacy) == ImageSize(max_pixels=4096, resample=0)
     assert ImageSize.from_hf_image_processor(object()) == ImageSize()
+
+
+def test_jpeg_is_decoded_at_a_reduced_scale_when_fitting() -> None:
+    photo = Image.linear_gradient("L").resize((1024, 768)).convert("RGB")
+    data = encode(photo, "JPEG")
+    fit = ImageSize(shortest_edge=56, crop_height=56, crop_width=56)
+    drafted = decode_image(data, CONFIG, fit)
+    assert drafted.size == (128, 96)  # 1/8 scale: the smallest that keeps the short side >= 56
+    full = np.asarray(fit_image(decode_image(data, CONFIG), fit), dtype=np.int16)
+    assert np.abs(np.asarray(fit_image(drafted, fit), dtype=np.int16) - full).mean() < 2
+
+
+def test_draft_keeps_the_short_side_for_rotated_jpegs() -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees on display
+    data = encode(Image.new("RGB", (1024, 768), (10, 20, 30)), "JPEG", exif=exif)
+    image = decode_image(data, CONFIG, ImageSize(shortest_edge=200, crop_height=200, crop_width=200))
+    assert min(image.size) >= 200 and image.height > image.width
