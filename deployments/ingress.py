@@ -1,7 +1,8 @@
 """Ingress deployment: the FastAPI app of `serve_app.ingress`, wired to the stage deployments.
 
 It parses, validates, admits and streams; the CPU-heavy work runs in the tokenizer and llm
-deployments (and the multimodal one for images), so this replica's event loop stays free to answer `/health` under load.
+deployments (and the multimodal and vocoder ones for images and speech), so this replica's event
+loop stays free to answer `/health` under load.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer
+from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer, HandleVocoder
 from serve_app.config import AppArgs
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline import Services
@@ -28,9 +29,15 @@ class Ingress:
         tokenizer: DeploymentHandle[Any],
         llm: DeploymentHandle[Any],
         multimodal: DeploymentHandle[Any] | None = None,
+        vocoder: DeploymentHandle[Any] | None = None,
     ) -> None:
-        images = HandleMultimodal(multimodal) if multimodal is not None else None
-        self._services = Services.create(args, HandleTokenizer(tokenizer), HandleLLM(llm), images)
+        self._services = Services.create(
+            args,
+            HandleTokenizer(tokenizer),
+            HandleLLM(llm),
+            HandleMultimodal(multimodal) if multimodal is not None else None,
+            HandleVocoder(vocoder) if vocoder is not None else None,
+        )
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self._services)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ray import serve
 
+from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
 from serve_app.messages import TokenizedPrompt, TokenizeRequest
 from serve_app.stages.tokenizer import TokenizerStage
@@ -20,6 +21,9 @@ class Tokenizer:
 
     async def detokenize(self, token_ids: list[int]) -> str:
         return await self._stage.detokenize_async(token_ids)
+
+    def speech_layout(self) -> OrpheusLayout | None:
+        return self._stage.speech_layout
 
     async def ping(self) -> None:
         return None

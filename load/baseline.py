@@ -13,6 +13,7 @@ import asyncio
 import uvicorn
 
 from load.serve_config import load_in_process
+from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.ingress.app import create_app
 from serve_app.ingress.clients import LocalLLM, LocalMultimodal, LocalTokenizer, TokenizerClient
 from serve_app.ingress.pipeline import Services
@@ -33,6 +34,9 @@ class LoopTokenizer:
 
     async def detokenize(self, token_ids: list[int]) -> str:
         return self._stage.detokenize(token_ids)
+
+    async def speech_layout(self) -> OrpheusLayout | None:
+        return self._stage.speech_layout
 
     async def check_health(self) -> None:
         return None

@@ -145,6 +145,58 @@ class MultimodalConfig(_Strict):
     fetch: ImageFetchConfig = Field(default_factory=ImageFetchConfig, description="Fetching `http(s)` image URLs.")
 
 
+class TtsConfig(_Strict):
+    """Text-to-speech (`/v1/audio/speech`) with an Orpheus-style talker; the vocoder deployment exists
+    only when this block is in the YAML."""
+
+    codec: str = Field(
+        min_length=1,
+        description="SNAC codec directory or HF id (e.g. hubertsiuzdak/snac_24khz) the vocoder decodes with.",
+    )
+    voices: list[str] = Field(min_length=1, description="Voices the talker knows; any other is a 400.")
+    max_input_chars: int = Field(default=4096, ge=1, le=100_000, description="Longest `input` accepted.")
+    max_audio_s: float = Field(default=60.0, gt=0.0, le=3600.0, description="Cap on one response's audio.")
+    audio_s_per_char: float = Field(
+        default=0.2,
+        gt=0.0,
+        le=10.0,
+        description="Per-request cap on audio: 1 s plus this per input character (never above max_audio_s); "
+        "a talker that never emits its stop token still ends.",
+    )
+    constrain_to_audio_tokens: bool = Field(
+        default=True, description="Let the talker sample only audio-code tokens and its stop token."
+    )
+    temperature: float = Field(default=0.6, ge=0.0, le=2.0, description="Talker sampling temperature.")
+    top_p: float = Field(default=0.8, gt=0.0, le=1.0, description="Talker nucleus sampling.")
+    repetition_penalty: float = Field(default=1.1, gt=0.0, le=2.0, description="Talker repetition penalty.")
+    first_chunk_frames: int = Field(
+        default=2, ge=1, le=64, description="Codec frames in the first audio chunk: small, for time to first audio."
+    )
+    chunk_frames: int = Field(default=8, ge=1, le=256, description="Codec frames in each later audio chunk.")
+    context_frames: int = Field(
+        default=2, ge=0, le=16, description="Frames decoded again before each chunk, so chunks join without clicks."
+    )
+    max_chunks_in_flight: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Credits per stream: vocoder calls one stream may have outstanding. A slow vocoder or "
+        "client stops that stream's reading of the talker, and no other stream's.",
+    )
+    max_streams: int = Field(
+        default=8,
+        ge=1,
+        le=10_000,
+        description="Speech streams one ingress replica admits at once; more get 503 + Retry-After instead of "
+        "slowing every admitted stream below real time.",
+    )
+    codec_threads: int = Field(default=1, ge=1, le=64, description="Torch threads per vocoder replica.")
+    sample_rate: int = Field(default=24_000, ge=8_000, le=192_000, description="The codec's output rate (SNAC 24 kHz).")
+    samples_per_frame: int = Field(
+        default=2048, ge=1, le=65_536, description="Audio samples per codec frame (SNAC 24 kHz: 2048)."
+    )
+
+
 class HealthConfig(_Strict):
     poll_interval_s: float = Field(
         default=2.0, gt=0.0, le=60.0, description="How often the ingress checks the stages in the background."
@@ -164,6 +216,9 @@ class AppArgs(_Strict):
     multimodal: MultimodalConfig | None = Field(
         default=None, description="Image inputs for a vision-language model; leave out for a text-only model."
     )
+    tts: TtsConfig | None = Field(
+        default=None, description="Text-to-speech with an Orpheus-style talker; leave out for other models."
+    )
     health: HealthConfig = Field(default_factory=HealthConfig, description="Background health checks.")
 
     @model_validator(mode="after")
@@ -177,6 +232,8 @@ class AppArgs(_Strict):
                 updates[field] = str(Path(value).resolve())
         if updates:
             object.__setattr__(self, "model", self.model.model_copy(update=updates))
+        if self.tts is not None and Path(self.tts.codec).exists() and not Path(self.tts.codec).is_absolute():
+            object.__setattr__(self, "tts", self.tts.model_copy(update={"codec": str(Path(self.tts.codec).resolve())}))
         return self
 
 

@@ -1,5 +1,5 @@
 """The typed messages that pass between stages:
-ingress -> multimodal -> ingress -> tokenizer -> ingress -> llm -> ingress.
+ingress -> multimodal -> ingress -> tokenizer -> ingress -> llm -> ingress (-> vocoder -> ingress).
 
 Plain frozen dataclasses: Ray pickles them between replicas, and a streamed token pays for every
 byte and every object here, so they carry only what the next stage needs.
@@ -56,10 +56,18 @@ class TextPrompt:
 
 
 @dataclass(frozen=True, slots=True)
+class SpeechPrompt:
+    """A text-to-speech prompt: the tokenizer stage builds the talker model's prompt from it."""
+
+    text: str
+    voice: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenizeRequest:
     """Ingress -> tokenizer: render, tokenize, truncate and check one prompt against the context."""
 
-    prompt: ChatPrompt | TextPrompt
+    prompt: ChatPrompt | TextPrompt | SpeechPrompt
     add_special_tokens: bool
     truncate_prompt_tokens: int | None = None
     max_tokens: int | None = None
@@ -101,6 +109,8 @@ class SamplingSpec:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # Speech: sample audio-code tokens only (the LLM stage knows which) and skip detokenizing them.
+    audio_codes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,3 +150,25 @@ class GenerationChunk:
     deltas: list[ChoiceDelta]
     num_prompt_tokens: int
     finished: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VocodeRequest:
+    """Ingress -> vocoder: codec frames of one stream to turn into audio.
+
+    `frames` holds `context` frames already decoded (so the codec's receptive field sees them and the
+    chunk joins its predecessor without a click) followed by the new frames; each frame is one
+    codec step's codes (7 for Orpheus/SNAC).
+    """
+
+    frames: list[list[int]]
+    context: int
+
+
+@dataclass(frozen=True, slots=True)
+class AudioChunk:
+    """Vocoder -> ingress: the new frames' audio as 16-bit little-endian mono PCM."""
+
+    pcm: bytes
+    sample_rate: int
+    elapsed_s: float

@@ -8,6 +8,12 @@ request and output-token throughput, goodput, TTFT, TPOT, ITL and E2EL (mean, P5
       --endpoint chat --dataset long --request-rate 1 4 --max-concurrency 16
   python -m load.bench --target graph=http://127.0.0.1:8000/vision --start baseline:configs/cpu-tiny.yaml@vision-app \\
       --dataset image --images-per-request 2 --image-repeat 0.5 --concurrency 4
+  python -m load.bench --target graph=http://127.0.0.1:8000/tts --start baseline:configs/cpu-tiny.yaml@tts-app \\
+      --dataset tts --tts-input-chars 120 --voice tara --concurrency 1 8 32
+
+Text to speech (--dataset tts) streams POST /v1/audio/speech as PCM and reports, as vLLM-Omni's TTS
+benchmarks do, TTFA, RTF, underruns of a real-time player and seconds of audio per second
+(definitions in metrics.py); 503 answers count as rejections, apart from failures.
 
 Writes results.json, results.md, latency_vs_level.png and health_over_time.png under --out.
 The client's own event-loop lag is measured too: a stalled client inflates every time it takes, and
@@ -26,7 +32,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from load.bench import images, report, targets
+from load.bench import images, report, targets, tts
 from load.bench.client import RequestRecord
 from load.bench.datasets import (
     IMAGE_TEXT_LEN,
@@ -58,10 +64,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--endpoint", choices=["completions", "chat"], help="default: completions; chat for images")
     p.add_argument(
         "--dataset",
-        choices=["random", "long", "image"],
+        choices=["random", "long", "image", "tts"],
         default="random",
         help="random: --input-len tokens; long: --long-fractions of the context; image: chat with --input-len "
-        "text tokens and --images-per-request images",
+        "text tokens and --images-per-request images; tts: speech of --tts-input-chars characters",
     )
     p.add_argument(
         "--input-len", type=int, help=f"prompt tokens (default {TEXT_INPUT_LEN}; image: {IMAGE_TEXT_LEN}, text only)"
@@ -78,6 +84,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     load.add_argument("--concurrency", type=int, nargs="+", help="fixed concurrency levels (default: 4)")
     load.add_argument("--request-rate", type=float, nargs="+", help="Poisson arrival rates, req/s")
     images.add_options(p)
+    tts.add_options(p)
     p.add_argument("--max-concurrency", type=int, default=None, help="with --request-rate: cap on requests in flight")
     p.add_argument("--duration", type=float, default=10.0, help="seconds of load per target, level and round")
     p.add_argument("--rounds", type=int, default=1)
@@ -96,12 +103,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("give at least one --target NAME=URL or --start KIND")
     if opts.dataset == "image" and opts.endpoint == "completions":
         p.error("--dataset image needs --endpoint chat")
-    opts.endpoint = opts.endpoint or ("chat" if opts.dataset == "image" else "completions")
-    if opts.input_len is None:
-        opts.input_len = IMAGE_TEXT_LEN if opts.dataset == "image" else TEXT_INPUT_LEN
+    if opts.dataset == "tts":
+        if opts.endpoint or opts.input_len is not None or opts.goodput:
+            p.error("--dataset tts: --endpoint, --input-len and --goodput do not apply (see --tts-input-chars)")
+        if "vllm" in [item.partition(":")[0] for item in opts.start]:
+            p.error("--start vllm: `vllm serve` has no /v1/audio/speech; for --dataset tts start the baseline "
+                    "(--start baseline:CONFIG@tts-app) or give a speech server with --target")  # fmt: skip
+        opts.endpoint = "speech"
+    else:
+        opts.endpoint = opts.endpoint or ("chat" if opts.dataset == "image" else "completions")
+        if opts.input_len is None:
+            opts.input_len = IMAGE_TEXT_LEN if opts.dataset == "image" else TEXT_INPUT_LEN
     if opts.max_concurrency is not None and opts.request_rate is None:
         p.error("--max-concurrency only applies with --request-rate")
-    if opts.duration <= 0 or opts.rounds < 1 or opts.output_len < 1 or opts.input_len < 1:
+    too_short = opts.input_len is not None and opts.input_len < 1  # None: speech has --tts-input-chars
+    if opts.duration <= 0 or opts.rounds < 1 or opts.output_len < 1 or too_short:
         p.error("--duration, --rounds, --input-len and --output-len must be positive")
     if any(level <= 0 for level in opts.concurrency or opts.request_rate or []):
         p.error("load levels must be positive")
@@ -150,7 +166,9 @@ class Bar:
 
 def build_dataset(opts: argparse.Namespace, urls: dict[str, str], models: dict[str, ModelInfo]) -> Dataset:
     """The prompts, built with the first target's tokenizer: every target gets the same text (and images,
-    all encoded here, before the run)."""
+    all encoded here, before the run). Speech needs no tokenizer: it is built from characters."""
+    if opts.dataset == "tts":
+        return tts.from_options(opts, opts.seed)
     first = next(iter(urls))
     with httpx.Client(timeout=60) as client:
         words = single_token_words(client, urls[first], models[first].name)
@@ -194,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config["input_lens"] = list(dataset.input_lens)
     target_info = {name: {"url": urls[name], "model": m.name, "max_model_len": m.max_model_len}
                    for name, m in models.items()}  # fmt: skip
-    results: dict[str, Any] = report.jsonable(report.build(cells, workload, target_info, config, opts.slos_ms))
+    document = report.build(cells, workload, target_info, config, opts.slos_ms, opts.underrun_threshold_ms)
+    results: dict[str, Any] = report.jsonable(document)
     results.update(run_meta("load.bench", list(argv) if argv is not None else None), kind="bench", label=opts.label)
     report.write(results, out)
     if not opts.no_plots:

@@ -1,8 +1,10 @@
-"""One streaming completion request, timed on the client as `vllm bench serve` times it."""
+"""One streaming request, timed on the client as `vllm bench serve` times it: completions and chat
+here, speech in `tts.py`."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,6 +31,9 @@ class RequestRecord:
     prompt_tokens: int | None = None
     output_tokens: int | None = None
     stage_ms: dict[str, float] = field(default_factory=dict)
+    # Speech: the PCM bytes of each content chunk (aligned with `content_times`) and their sample rate.
+    chunk_bytes: list[int] = field(default_factory=list)
+    sample_rate: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -55,26 +60,39 @@ def request_body(endpoint: Endpoint, model: str, prompt: Prompt) -> dict[str, An
     return body
 
 
-async def send(
-    client: httpx.AsyncClient, base_url: str, endpoint: Endpoint, model: str, prompt: Prompt
-) -> RequestRecord:
-    body = request_body(endpoint, model, prompt)
-    record = RequestRecord(sent_at=time.perf_counter(), input_len=prompt.input_len)
-    state = StreamState()
+async def timed_post(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], record: RequestRecord,
+    read: Callable[[httpx.Response], Awaitable[None]],
+) -> None:  # fmt: skip
+    """POSTs `body` and hands a 200 response to `read`; fills in the record's status, stage times,
+    latency (until `read` is done) and, for another status or a transport error, its error."""
     try:
-        async with client.stream("POST", base_url + ENDPOINT_PATHS[endpoint], json=body) as response:
+        async with client.stream("POST", url, json=body) as response:
             record.status = response.status_code
             record.stage_ms = stage_times_ms(response.headers)
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}"
                 record.detail = (await response.aread()).decode(errors="replace")[:300]
             else:
-                async for line in response.aiter_lines():
-                    state.feed(line, time.perf_counter() - record.sent_at)
+                await read(response)
     except httpx.HTTPError as exc:  # a failed request is a result to count, not a reason to stop the run
         record.error = type(exc).__name__
         record.detail = str(exc)[:300]
     record.latency = time.perf_counter() - record.sent_at
+
+
+async def send(
+    client: httpx.AsyncClient, base_url: str, endpoint: Endpoint, model: str, prompt: Prompt
+) -> RequestRecord:
+    body = request_body(endpoint, model, prompt)
+    record = RequestRecord(sent_at=time.perf_counter(), input_len=prompt.input_len)
+    state = StreamState()
+
+    async def read(response: httpx.Response) -> None:
+        async for line in response.aiter_lines():
+            state.feed(line, time.perf_counter() - record.sent_at)
+
+    await timed_post(client, base_url + ENDPOINT_PATHS[endpoint], body, record, read)
     record.content_times = state.content_times
     record.prompt_tokens = state.prompt_tokens
     record.output_tokens = state.output_tokens

@@ -10,6 +10,7 @@ tokens with `ignore_eos`.
 
 from __future__ import annotations
 
+import argparse
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ class Prompt:
     input_len: int
     output_len: int
     images: tuple[str, ...] = ()  # image URLs (data URLs), sent after the text in a chat message
+    voice: str | None = None  # speech: the voice that speaks the text
 
 
 class Dataset(Protocol):
@@ -54,6 +56,13 @@ class Dataset(Protocol):
 class ModelInfo:
     name: str
     max_model_len: int | None
+
+
+def positive_int(text: str) -> int:
+    """An argparse type, for the bench's options and locust's."""
+    if int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return int(text)
 
 
 def fetch_model(client: httpx.Client, base_url: str) -> ModelInfo:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageChops
 
-from load.bench.datasets import Prompt, WordDataset
+from load.bench.datasets import Prompt, WordDataset, positive_int
 
 # --image-format -> Pillow's format name and the options of a typical export (a phone's JPEG quality).
 FORMATS: dict[str, tuple[str, dict[str, Any]]] = {"jpeg": ("JPEG", {"quality": 90}), "png": ("PNG", {})}
@@ -122,12 +122,6 @@ def checked_size(text: str) -> str:
     of its value, and a tuple made from a string would be its characters."""
     image_size(text)
     return text
-
-
-def positive_int(text: str) -> int:
-    if int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return int(text)
 
 
 def fraction(text: str) -> float:

@@ -1,8 +1,14 @@
-"""The metrics of `vllm bench serve`, computed from request records: pure functions, no I/O.
+"""The metrics of `vllm bench serve`, and for speech those of vLLM-Omni's TTS benchmarks, computed
+from request records: pure functions, no I/O.
 
 Differences from vLLM, on purpose: TTFT ends at the first chunk that carries text (vLLM's chat
 client stops its clock at the role-only first chunk), and ITL counts only gaps between chunks
 that carry text.
+
+Speech, per stream of 16-bit mono PCM: TTFA is TTFT with audio as the content (the first non-empty
+chunk); audio duration is bytes / 2 / sample rate; RTF is E2EL / audio duration (below 1: faster
+than real time). Underrun is the worst lateness of a chunk for a player that starts playing at the
+first chunk and then plays in real time without ever pausing to rebuffer (`underrun_s`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import itertools
 import statistics
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from load.bench.client import RequestRecord
@@ -18,6 +25,10 @@ from load.stats import percentile
 
 PERCENTILES = (50, 90, 99)
 SLO_METRICS = ("ttft", "tpot", "e2el")
+PCM_BYTES_PER_SAMPLE = 2  # 16-bit mono
+UNDERRUN_THRESHOLD_MS = 100.0
+# HTTP 503: the server refused the request at capacity (with Retry-After): load shed, not a failure.
+REJECTED = 503
 
 
 def ttft(record: RequestRecord) -> float:
@@ -36,12 +47,15 @@ def tpot(record: RequestRecord) -> float | None:
     return (record.latency - ttft(record)) / (record.output_tokens - 1)
 
 
-def summarize_ms(seconds: Sequence[float]) -> dict[str, float]:
-    """Mean and percentiles in milliseconds (numpy's linear interpolation); NaN when empty."""
-    ms = [s * 1000 for s in seconds]
-    summary = {"mean": statistics.fmean(ms) if ms else float("nan")}
-    summary.update({f"p{q}": percentile(ms, q) for q in PERCENTILES})
+def summarize(values: Sequence[float]) -> dict[str, float]:
+    """Mean and percentiles (numpy's linear interpolation); NaN when empty."""
+    summary = {"mean": statistics.fmean(values) if values else float("nan")}
+    summary.update({f"p{q}": percentile(list(values), q) for q in PERCENTILES})
     return summary
+
+
+def summarize_ms(seconds: Sequence[float]) -> dict[str, float]:
+    return summarize([s * 1000 for s in seconds])
 
 
 def parse_slos(items: Sequence[str]) -> dict[str, float]:
@@ -65,20 +79,35 @@ def meets_slos(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
     return all(values[name] * 1000 <= limit for name, limit in slos_ms.items())
 
 
-def compute(records: Sequence[RequestRecord], duration_s: float, slos_ms: dict[str, float]) -> dict[str, Any]:
-    """Throughputs over `duration_s` (time with load on), latency summaries of successful requests."""
-    good = [r for r in records if r.ok]
-    failed = [r for r in records if not r.ok]
-    total_input = sum(r.prompt_tokens or 0 for r in good)
-    total_output = sum(r.output_tokens or 0 for r in good)
-    tpots = [t for r in good if (t := tpot(r)) is not None]
-    stages = sorted({stage for r in good for stage in r.stage_ms})
+def _latencies_ms(records: Sequence[RequestRecord]) -> dict[str, float]:
+    return summarize_ms([r.latency for r in records if r.latency is not None])
+
+
+def _failures(failed: Sequence[RequestRecord]) -> dict[str, Any]:
     return {
-        "completed": len(good),
         "failed": len(failed),
         "errors": dict(Counter(r.error for r in failed)),
         # A count says that requests failed; the details say why.
         "error_details": sorted({f"{r.error}: {r.detail}" for r in failed})[:5],
+        # Failures are timed too: e.g. how long a prompt beyond the context takes to be refused.
+        "failed_latency_ms": _latencies_ms(failed),
+    }
+
+
+def _stages_ms(good: Sequence[RequestRecord]) -> dict[str, dict[str, float]]:
+    stages = sorted({stage for r in good for stage in r.stage_ms})
+    return {s: summarize_ms([r.stage_ms[s] / 1000 for r in good if s in r.stage_ms]) for s in stages}
+
+
+def compute(records: Sequence[RequestRecord], duration_s: float, slos_ms: dict[str, float]) -> dict[str, Any]:
+    """Throughputs over `duration_s` (time with load on), latency summaries of successful requests."""
+    good = [r for r in records if r.ok]
+    total_input = sum(r.prompt_tokens or 0 for r in good)
+    total_output = sum(r.output_tokens or 0 for r in good)
+    tpots = [t for r in good if (t := tpot(r)) is not None]
+    return {
+        "completed": len(good),
+        **_failures([r for r in records if not r.ok]),
         "duration_s": duration_s,
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
@@ -89,8 +118,71 @@ def compute(records: Sequence[RequestRecord], duration_s: float, slos_ms: dict[s
         "ttft_ms": summarize_ms([ttft(r) for r in good]),
         "tpot_ms": summarize_ms(tpots),
         "itl_ms": summarize_ms([gap for r in good for gap in itls(r)]),
-        "e2el_ms": summarize_ms([r.latency for r in good if r.latency is not None]),
-        # Rejections are measured too: how long a long over-context prompt takes to be refused.
-        "failed_latency_ms": summarize_ms([r.latency for r in failed if r.latency is not None]),
-        "stage_ms": {s: summarize_ms([r.stage_ms[s] / 1000 for r in good if s in r.stage_ms]) for s in stages},
+        "e2el_ms": _latencies_ms(good),
+        "stage_ms": _stages_ms(good),
+    }
+
+
+def pcm_seconds(nbytes: int, sample_rate: int) -> float:
+    return nbytes / PCM_BYTES_PER_SAMPLE / sample_rate
+
+
+def underrun_s(times: Sequence[float], sizes: Sequence[int], sample_rate: int) -> float:
+    """The worst lateness of a stream's chunks, 0 when none is late. Chunk i arrives at `times[i]` with
+    A_i seconds of audio before it; a player started at the first chunk's arrival needs it at
+    `times[0] + A_i`. No rebuffering: a chunk late by 0.3 s after one late by 0.2 s makes 0.3 s, not 0.5.
+    `sizes` are the chunks' PCM bytes; empty chunks must be left out (they would count as late)."""
+    worst = 0.0
+    received = 0
+    for at, size in zip(times, sizes, strict=True):
+        worst = max(worst, at - times[0] - pcm_seconds(received, sample_rate))
+        received += size
+    return worst
+
+
+@dataclass(frozen=True)
+class Speech:
+    """One successful speech stream's audio measures."""
+
+    audio_s: float
+    rtf: float
+    underrun_s: float
+
+
+def speech(record: RequestRecord) -> Speech | None:
+    """The audio measures of a speech record, None when it has no audio (failed, rejected, text)."""
+    if not record.ok or record.sample_rate is None or record.latency is None or not record.chunk_bytes:
+        return None
+    audio_s = pcm_seconds(sum(record.chunk_bytes), record.sample_rate)
+    return Speech(
+        audio_s, record.latency / audio_s, underrun_s(record.content_times, record.chunk_bytes, record.sample_rate)
+    )
+
+
+def compute_speech(records: Sequence[RequestRecord], duration_s: float, underrun_threshold_ms: float) -> dict[str, Any]:
+    """Throughputs over `duration_s`; TTFA, E2EL, RTF and underrun summaries of successful streams;
+    rejections (503) counted apart from failures. The underrun rate is the share of successful
+    streams whose underrun exceeds `underrun_threshold_ms`."""
+    good = [r for r in records if r.ok]
+    streams = [s for r in good if (s := speech(r)) is not None]
+    underruns_ms = [s.underrun_s * 1000 for s in streams]
+    rejected = [r for r in records if r.status == REJECTED]
+    audio_s = sum(s.audio_s for s in streams)
+    return {
+        "completed": len(good),
+        "rejected": len(rejected),
+        **_failures([r for r in records if not r.ok and r.status != REJECTED]),
+        "rejected_latency_ms": _latencies_ms(rejected),
+        "duration_s": duration_s,
+        "total_input_chars": sum(r.input_len for r in good),
+        "total_audio_s": audio_s,
+        "request_throughput": len(good) / duration_s,
+        "audio_throughput": audio_s / duration_s,
+        "ttfa_ms": summarize_ms([ttft(r) for r in good]),
+        "e2el_ms": _latencies_ms(good),
+        "rtf": summarize([s.rtf for s in streams]),
+        "underrun_ms": summarize(underruns_ms),
+        "underrun_threshold_ms": underrun_threshold_ms,
+        "underrun_rate": sum(u > underrun_threshold_ms for u in underruns_ms) / len(streams) if streams else None,
+        "stage_ms": _stages_ms(good),
     }

@@ -11,7 +11,13 @@ matplotlib.use("Agg")  # files only: no display on benchmark machines
 
 import matplotlib.pyplot as plt
 
-LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2EL"))
+# Per endpoint: (metric, title, log scale). Underruns are often 0, which a log scale cannot show.
+PANELS = {
+    "text": (("ttft_ms", "TTFT (ms)", True), ("tpot_ms", "TPOT (ms)", True), ("itl_ms", "ITL (ms)", True),
+             ("e2el_ms", "E2EL (ms)", True)),
+    "speech": (("ttfa_ms", "TTFA (ms)", True), ("e2el_ms", "E2EL (ms)", True), ("rtf", "RTF", True),
+               ("underrun_ms", "underrun (ms)", False)),
+}  # fmt: skip
 STYLES = {"p50": ("-", "o"), "p90": ("--", "s"), "p99": (":", "^")}
 
 
@@ -21,18 +27,20 @@ def _as_floats(values: list[float | None]) -> list[float]:
 
 
 def latency_vs_level(results: dict[str, Any], path: Path) -> None:
-    """P50/P90/P99 of TTFT, TPOT, ITL and E2EL against the load level, one colour per target."""
+    """P50/P90/P99 of TTFT, TPOT, ITL and E2EL (speech: TTFA, E2EL, RTF and underrun) against the load
+    level, one colour per target."""
     levels = [float(level) for level in results["levels"]]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, title) in zip(axes.flat, LATENCIES, strict=True):
+    panels = PANELS["speech" if results.get("endpoint") == "speech" else "text"]
+    for ax, (key, title, log) in zip(axes.flat, panels, strict=True):
         for i, name in enumerate(results["targets"]):
             per_level = [results["results"][name][level][key] for level in results["levels"]]
             for q, (line, marker) in STYLES.items():
                 values = _as_floats([m[q] for m in per_level])
                 ax.plot(levels, values, line, marker=marker, color=colors[i % len(colors)], label=f"{name} {q}")
-        ax.set_title(f"{title} (ms)")
-        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.set_yscale("log" if log else "linear")
         ax.set_xticks(levels)
         ax.grid(True, which="both", alpha=0.3)
     for ax in axes[1]:

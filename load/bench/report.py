@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from load.bench import health, metrics
+from load.bench.client import RequestRecord
 from load.bench.runner import CellResult, Workload
 from load.bench.sse import STAGE_HEADERS
 from load.stats import summary_ms
@@ -17,6 +18,8 @@ from load.stats import summary_ms
 # itself was not running for as long as a slow server would make it wait.
 STALLED_MS = 50.0
 
+Compute = Callable[[Sequence[RequestRecord], float], dict[str, Any]]
+
 
 def level_key(level: float) -> str:
     return f"{level:g}"
@@ -24,27 +27,34 @@ def level_key(level: float) -> str:
 
 def build(
     cells: Sequence[CellResult], workload: Workload, targets: dict[str, dict[str, Any]], config: dict[str, Any],
-    slos_ms: dict[str, float],
+    slos_ms: dict[str, float], underrun_threshold_ms: float = metrics.UNDERRUN_THRESHOLD_MS,
 ) -> dict[str, Any]:  # fmt: skip
     """Per target and level, the metrics of all rounds pooled (durations added up); per cell, a short
     line to judge the spread between rounds; the /health samples on the run's time axis."""
+
+    def compute(records: Sequence[RequestRecord], duration_s: float) -> dict[str, Any]:
+        if workload.endpoint == "speech":
+            return metrics.compute_speech(records, duration_s, underrun_threshold_ms)
+        return metrics.compute(records, duration_s, slos_ms)
+
     t0 = min((c.started_at for c in cells), default=0.0)
     results: dict[str, dict[str, Any]] = {name: {} for name in targets}
     for name in targets:
         for level in workload.levels:
             mine = [c for c in cells if c.cell.target == name and c.cell.level == level]
-            pooled = metrics.compute([r for c in mine for r in c.records], sum(c.duration_s for c in mine), slos_ms)
+            pooled = compute([r for c in mine for r in c.records], sum(c.duration_s for c in mine))
             pooled["health_ms"] = health.summarize([s for c in mine for s in c.health])
             pooled["client_loop_lag_ms"] = summary_ms([lag for c in mine for lag in c.loop_lag])
             results[name][level_key(level)] = pooled
     return {
         "config": config,
         "mode": workload.mode,
+        "endpoint": workload.endpoint,
         "levels": [level_key(level) for level in workload.levels],
         "slos_ms": slos_ms,
         "targets": targets,
         "results": results,
-        "cells": [_cell_line(c, t0, slos_ms) for c in cells],
+        "cells": [_cell_line(c, t0, compute) for c in cells],
         "health_timeline": {
             name: [
                 [round(s.sent_at - t0, 3), round(s.latency * 1000, 3), s.status]
@@ -57,14 +67,18 @@ def build(
     }
 
 
-def _cell_line(c: CellResult, t0: float, slos_ms: dict[str, float]) -> dict[str, Any]:
-    m = metrics.compute(c.records, c.duration_s, slos_ms)
+def _cell_line(c: CellResult, t0: float, compute: Compute) -> dict[str, Any]:
+    m = compute(c.records, c.duration_s)
+    if "ttfa_ms" in m:
+        latencies = {"rejected": m["rejected"], "ttfa_p50_ms": m["ttfa_ms"]["p50"], "rtf_p50": m["rtf"]["p50"],
+                     "underrun_rate": m["underrun_rate"]}  # fmt: skip
+    else:
+        latencies = {"ttft_p50_ms": m["ttft_ms"]["p50"], "tpot_p50_ms": m["tpot_ms"]["p50"]}
     return {
         "round": c.cell.round, "level": level_key(c.cell.level), "target": c.cell.target,
         "start_s": round(c.started_at - t0, 3), "duration_s": c.duration_s,
         "completed": m["completed"], "failed": m["failed"], "request_throughput": m["request_throughput"],
-        "ttft_p50_ms": m["ttft_ms"]["p50"], "tpot_p50_ms": m["tpot_ms"]["p50"],
-        "health_p99_ms": health.summarize(c.health)["p99"],
+        **latencies, "health_p99_ms": health.summarize(c.health)["p99"],
     }  # fmt: skip
 
 
@@ -83,25 +97,24 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 
 
-def _dist(summary: dict[str, float]) -> str:
-    return " / ".join(_num(summary[k]) for k in ("mean", "p50", "p90", "p99"))
+def _dist(summary: dict[str, float], digits: int = 1) -> str:
+    return " / ".join(_num(summary[k], digits) for k in ("mean", "p50", "p90", "p99"))
 
 
 def _num_pair(summary: dict[str, float] | None) -> str:
     return "-" if summary is None else f"{_num(summary['p50'], 2)} / {_num(summary['p99'], 2)}"
 
 
-def markdown(results: dict[str, Any]) -> str:
-    level_name = "concurrency" if results["mode"] == "concurrency" else "req/s offered"
+Row = tuple[str, str, dict[str, Any]]  # level, target, its pooled metrics
+
+
+def _text_tables(results: dict[str, Any], level_name: str, rows: list[Row]) -> list[str]:
     slos = ", ".join(f"{k} ≤ {v:g} ms" for k, v in results["slos_ms"].items()) or "no SLOs given"
     lines = [
         f"Throughput and `/health` under load (goodput: {slos}; /health in ms)",
         "",
         f"| target | {level_name} | ok | failed | req/s | out tok/s | goodput req/s | /health p50 | p95 | p99 | max |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    rows = [
-        (level, name, results["results"][name][level]) for level in results["levels"] for name in results["targets"]
     ]
     for level, name, m in rows:
         h = m["health_ms"]
@@ -122,6 +135,51 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {name} | {level} | {_dist(m['ttft_ms'])} | {_dist(m['tpot_ms'])} | {_dist(m['itl_ms'])} "
             f"| {_dist(m['e2el_ms'])} |"
         )
+    return lines
+
+
+def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
+    threshold = rows[0][2]["underrun_threshold_ms"] if rows else metrics.UNDERRUN_THRESHOLD_MS
+    lines = [
+        "Text to speech under load. audio s/s: seconds of audio streamed per second; RTF: E2EL / audio duration; "
+        "underrun: how late a stream's most delayed chunk came for a player that started at the first chunk, "
+        f"and the share of streams late by more than {threshold:g} ms; rejected: HTTP 503 (at capacity). "
+        "TTFA, underrun and /health in ms",
+        "",
+        f"| target | {level_name} | ok | failed | rejected | req/s | audio s/s | TTFA p50 | TTFA p99 | RTF p50 "
+        "| RTF p99 | underrun rate | underrun p99 | /health p50 | p99 | max |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for level, name, m in rows:
+        h, ttfa, rtf = m["health_ms"], m["ttfa_ms"], m["rtf"]
+        lines.append(
+            f"| {name} | {level} | {m['completed']} | {m['failed']} | {m['rejected']} "
+            f"| {_num(m['request_throughput'], 2)} | {_num(m['audio_throughput'], 2)} | {_num(ttfa['p50'])} "
+            f"| {_num(ttfa['p99'])} | {_num(rtf['p50'], 3)} | {_num(rtf['p99'], 3)} | {_num(m['underrun_rate'], 3)} "
+            f"| {_num(m['underrun_ms']['p99'])} | {_num(h['p50'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} |"
+        )
+    lines += [
+        "",
+        "Distributions: mean / p50 / p90 / p99",
+        "",
+        f"| target | {level_name} | TTFA ms | E2EL ms | RTF | underrun ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for level, name, m in rows:
+        lines.append(
+            f"| {name} | {level} | {_dist(m['ttfa_ms'])} | {_dist(m['e2el_ms'])} | {_dist(m['rtf'], 3)} "
+            f"| {_dist(m['underrun_ms'])} |"
+        )
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    level_name = "concurrency" if results["mode"] == "concurrency" else "req/s offered"
+    rows: list[Row] = [
+        (level, name, results["results"][name][level]) for level in results["levels"] for name in results["targets"]
+    ]
+    speech = results.get("endpoint") == "speech"
+    lines = _speech_table(level_name, rows) if speech else _text_tables(results, level_name, rows)
     stages = [stage for stage in STAGE_HEADERS.values() if any(stage in m["stage_ms"] for _, _, m in rows)]
     if stages:
         lines += ["", "Stage times the server reports (X-*-Time headers), ms: p50 / p99", ""]
@@ -134,6 +192,13 @@ def markdown(results: dict[str, Any]) -> str:
         for level, name, m in rows
         if m["errors"]
     ]
+    rejections = [
+        f"{name} @ {level}: {m['rejected']} in {_num_pair(m['rejected_latency_ms'])} ms (p50 / p99)"
+        for level, name, m in rows
+        if m.get("rejected")
+    ]
+    if rejections:
+        lines += ["", "Rejections (HTTP 503): " + "; ".join(rejections)]
     if errors:
         expected = " (--dataset long: prompts beyond the context are refused by design)"
         lines += [

@@ -13,6 +13,7 @@ from typing import Literal, Protocol
 
 import httpx
 
+from load.bench import tts
 from load.bench.client import Endpoint, RequestRecord, send
 from load.bench.datasets import Dataset
 from load.bench.health import HealthSample, loop_lag, probe
@@ -42,7 +43,7 @@ class Workload:
     levels: tuple[float, ...]
     duration_s: float
     rounds: int = 1
-    endpoint: Endpoint = "completions"
+    endpoint: Endpoint | Literal["speech"] = "completions"
     max_concurrency: int | None = None  # rate mode: arrivals beyond it wait, as vLLM's --max-concurrency
     warmup: int = 2
     health_interval_s: float = 0.1
@@ -138,7 +139,12 @@ class Runner:
         async def send_next() -> RequestRecord:
             index = self.next_prompt[target.name]
             self.next_prompt[target.name] += 1
-            record = await send(client, target.url, self.workload.endpoint, target.model, self.dataset.prompt(index))
+            prompt = self.dataset.prompt(index)
+            endpoint = self.workload.endpoint
+            if endpoint == "speech":
+                record = await tts.send(client, target.url, target.model, prompt)
+            else:
+                record = await send(client, target.url, endpoint, target.model, prompt)
             if report:
                 self.progress.request_done(record)
             return record

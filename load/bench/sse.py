@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # Per-stage times the ingress reports, in milliseconds, in pipeline order. X-Multimodal-Time only comes
-# with images; X-Total-Time only with non-streamed responses (a streamed one's headers leave first).
+# with images, X-Vocoder-First-Chunk-Time only with speech; X-Total-Time only with non-streamed
+# responses (a streamed one's headers leave first).
 STAGE_HEADERS = {
     "X-Multimodal-Time": "multimodal",
     "X-Tokenizer-Time": "tokenizer",
     "X-LLM-First-Chunk-Time": "llm_first_chunk",
+    "X-Vocoder-First-Chunk-Time": "vocoder_first_chunk",
     "X-Total-Time": "total",
 }
 

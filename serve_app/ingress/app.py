@@ -25,6 +25,8 @@ from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
 from serve_app.ingress.pipeline import Services
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
+from serve_app.ingress.speech.protocol import SpeechRequest
+from serve_app.ingress.speech.serving import create_speech
 from serve_app.ingress.tokenize import serving as tokenize_serving
 from serve_app.ingress.tokenize.protocol import (
     DetokenizeRequest,
@@ -55,8 +57,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {first.get('msg')}" if param else str(first.get("msg"))), param
 
 
-_KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize",
-                          "/detokenize", "/health", "/metrics"})  # fmt: skip
+_KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/models",
+                          "/tokenize", "/detokenize", "/health", "/metrics"})  # fmt: skip
 
 
 class _RequestMetrics:
@@ -158,6 +160,10 @@ def create_app(services: Services) -> FastAPI:
     @app.post("/v1/completions", responses=_ERRORS)
     async def completions(request: CompletionRequest) -> Any:
         return await create_completion(services, request)
+
+    @app.post("/v1/audio/speech", responses=_ERRORS, response_class=Response)
+    async def speech(request: SpeechRequest) -> Response:
+        return await create_speech(services, request)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:

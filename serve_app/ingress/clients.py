@@ -7,20 +7,26 @@ compare the graph against.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.messages import (
+    AudioChunk,
     GenerateRequest,
     GenerationChunk,
     ImagesRequest,
     ProcessedImages,
     TokenizedPrompt,
     TokenizeRequest,
+    VocodeRequest,
 )
 from serve_app.stages.llm import LLMStage
 from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage
+from serve_app.stages.vocoder import VocoderStage
 
 
 class TokenizerClient(Protocol):
@@ -28,11 +34,19 @@ class TokenizerClient(Protocol):
 
     async def detokenize(self, token_ids: list[int]) -> str: ...
 
+    async def speech_layout(self) -> OrpheusLayout | None: ...
+
     async def check_health(self) -> None: ...
 
 
 class MultimodalClient(Protocol):
     async def process(self, request: ImagesRequest) -> ProcessedImages: ...
+
+    async def check_health(self) -> None: ...
+
+
+class VocoderClient(Protocol):
+    async def decode(self, request: VocodeRequest) -> AudioChunk: ...
 
     async def check_health(self) -> None: ...
 
@@ -55,6 +69,9 @@ class LocalTokenizer:
     async def detokenize(self, token_ids: list[int]) -> str:
         return await self._stage.detokenize_async(token_ids)
 
+    async def speech_layout(self) -> OrpheusLayout | None:
+        return self._stage.speech_layout
+
     async def check_health(self) -> None:
         return None
 
@@ -68,6 +85,22 @@ class LocalMultimodal:
 
     async def check_health(self) -> None:
         return None
+
+
+class LocalVocoder:
+    def __init__(self, stage: VocoderStage) -> None:
+        self._stage = stage
+        # One thread, as one vocoder replica has: torch runs the decode outside the GIL.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="vocoder")
+
+    async def decode(self, request: VocodeRequest) -> AudioChunk:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._stage.decode, request)
+
+    async def check_health(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class LocalLLM:

@@ -18,9 +18,10 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, EngineDeadError, NotFoundError
-from serve_app.ingress.clients import LLMClient, MultimodalClient, TokenizerClient
+from serve_app.ingress.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
 from serve_app.ingress.health import HealthMonitor
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.protocol import SamplingRequest
@@ -31,6 +32,7 @@ from serve_app.messages import (
     GenerationChunk,
     ImagesRequest,
     ProcessedImage,
+    SamplingSpec,
     TextPrompt,
     TokenizeRequest,
     TokenLogprob,
@@ -48,18 +50,30 @@ class Services:
     health: HealthMonitor
     # None: the model takes text only.
     multimodal: MultimodalClient | None = None
+    # None: the model does not speak.
+    vocoder: VocoderClient | None = None
+    # Speech streams in progress on this replica, for `tts.max_streams` admission.
+    speech_streams: int = 0
+    # The talker's token layout, asked of the tokenizer stage at the first speech request.
+    speech_layout: OrpheusLayout | None = None
     # Stages this process owns (in-process stages only; deployments clean up after themselves).
     closers: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
 
     @classmethod
     def create(
-        cls, args: AppArgs, tokenizer: TokenizerClient, llm: LLMClient, multimodal: MultimodalClient | None = None
+        cls,
+        args: AppArgs,
+        tokenizer: TokenizerClient,
+        llm: LLMClient,
+        multimodal: MultimodalClient | None = None,
+        vocoder: VocoderClient | None = None,
     ) -> Services:
         checks = {"tokenizer": tokenizer.check_health, "llm": llm.check_health}
-        if multimodal is not None:
-            checks["multimodal"] = multimodal.check_health
+        for name, stage in (("multimodal", multimodal), ("vocoder", vocoder)):
+            if stage is not None:
+                checks[name] = stage.check_health
         monitor = HealthMonitor(checks, args.health.poll_interval_s, args.health.timeout_s)
-        return cls(args, tokenizer, llm, IngressMetrics(), monitor, multimodal)
+        return cls(args, tokenizer, llm, IngressMetrics(), monitor, multimodal, vocoder)
 
     async def close(self) -> None:
         await self.health.stop()
@@ -80,17 +94,26 @@ class Stream:
     rest: AsyncIterator[GenerationChunk]
     metrics: IngressMetrics
     timings: dict[str, float] = field(default_factory=dict)
+    generated_tokens: int = 0
 
     async def chunks(self) -> AsyncIterator[GenerationChunk]:
         generated = self.metrics.tokens.labels("generated")
         chunk = self.first
         while True:
-            generated.inc(sum(len(d.token_ids) for d in chunk.deltas))
+            count = sum(len(d.token_ids) for d in chunk.deltas)
+            self.generated_tokens += count
+            generated.inc(count)
             yield chunk
             try:
                 chunk = await anext(self.rest)
             except StopAsyncIteration:
                 return
+
+    async def close(self) -> None:
+        """Stops the generation now (the engine aborts it) rather than when the generator is collected."""
+        close = getattr(self.rest, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def check_model(services: Services, requested: str | None) -> str:
@@ -138,30 +161,46 @@ async def start_stream(
 ) -> Stream:
     """Steps 2-5 for one prompt."""
     images, timings = await process_images(services, image_urls or [])
-    start = time.perf_counter()
-    tokenized = await services.tokenizer.tokenize(
-        TokenizeRequest(
-            prompt, add_special_tokens, request.truncate_prompt_tokens, request.max_tokens,
-            image_tokens=[image.num_tokens for image in images],
-        )
+    tokenize = TokenizeRequest(
+        prompt, add_special_tokens, request.truncate_prompt_tokens, request.max_tokens,
+        image_tokens=[image.num_tokens for image in images],
     )  # fmt: skip
+    stream = await start_generation(
+        services, tokenize, lambda max_tokens: request.sampling_spec(max_tokens, logprobs), request_id, images
+    )
+    stream.timings |= timings
+    return stream
+
+
+async def start_generation(
+    services: Services,
+    tokenize: TokenizeRequest,
+    sampling: Callable[[int], SamplingSpec],
+    request_id: str,
+    images: list[ProcessedImage] | None = None,
+) -> Stream:
+    """Steps 3-5: tokenizer stage, then the LLM stage up to its first chunk. `sampling` makes the
+    spec from the generation budget the prompt leaves."""
+    start = time.perf_counter()
+    tokenized = await services.tokenizer.tokenize(tokenize)
     called_llm = time.perf_counter()
-    spec = request.sampling_spec(tokenized.max_tokens, logprobs)
-    generator = services.llm.generate(GenerateRequest(request_id, tokenized.token_ids, spec, images))
+    generator = services.llm.generate(
+        GenerateRequest(request_id, tokenized.token_ids, sampling(tokenized.max_tokens), images or [])
+    )
     try:
         first = await anext(aiter(generator))
     except EngineDeadError as exc:
         services.health.mark_failed("llm", exc.message)
         raise
-    timings |= {
+    timings = {
         "tokenizer": tokenized.elapsed_s,
         "tokenizer_call": called_llm - start,
         "llm_first_chunk": time.perf_counter() - called_llm,
     }
     for stage, seconds in timings.items():
         services.metrics.stage_seconds.labels(stage).observe(seconds)
-    services.metrics.tokens.labels("prompt").inc(tokenized.num_prompt_tokens or len(tokenized.token_ids))
     num_prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
+    services.metrics.tokens.labels("prompt").inc(num_prompt_tokens)
     return Stream(request_id, tokenized.token_ids, num_prompt_tokens, first, generator, services.metrics, timings)
 
 
@@ -172,7 +211,8 @@ def new_request_id(prefix: str) -> str:
 def timing_headers(timings: dict[str, float]) -> dict[str, str]:
     """Per-stage time in milliseconds, as `X-<Stage>-Time` headers."""
     names = {"multimodal": "X-Multimodal-Time", "tokenizer": "X-Tokenizer-Time",
-             "llm_first_chunk": "X-LLM-First-Chunk-Time", "llm": "X-LLM-Time", "total": "X-Total-Time"}  # fmt: skip
+             "llm_first_chunk": "X-LLM-First-Chunk-Time", "vocoder_first_chunk": "X-Vocoder-First-Chunk-Time",
+             "llm": "X-LLM-Time", "total": "X-Total-Time"}  # fmt: skip
     return {names[k]: f"{v * 1000:.3f}" for k, v in timings.items() if k in names}
 
 

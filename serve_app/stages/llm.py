@@ -72,7 +72,7 @@ def _client_errors() -> tuple[type[Exception], ...]:
     return (ValueError, TypeError, VLLMClientError)
 
 
-def to_sampling_params(spec: SamplingSpec) -> Any:
+def to_sampling_params(spec: SamplingSpec, audio_token_ids: list[int] | None = None) -> Any:
     """SamplingSpec -> vLLM SamplingParams; vLLM's own range checks become 400s."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
@@ -99,9 +99,20 @@ def to_sampling_params(spec: SamplingSpec) -> Any:
             skip_special_tokens=spec.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
             **optional,
+            **_audio_options(spec, audio_token_ids),
         )
     except _client_errors() as exc:
         raise BadRequestError(str(exc)) from exc
+
+
+def _audio_options(spec: SamplingSpec, audio_token_ids: list[int] | None) -> dict[str, Any]:
+    if not spec.audio_codes:
+        return {}
+    # Codes are never shown as text; a talker confined to its codebook (plus stop) cannot derail.
+    options: dict[str, Any] = {"detokenize": False}
+    if audio_token_ids is not None:
+        options["allowed_token_ids"] = audio_token_ids
+    return options
 
 
 def _token_logprobs(token_ids: list[int], logprobs: list[dict[int, Any]], k: int) -> list[TokenLogprob]:
@@ -146,18 +157,30 @@ def to_chunk(output: Any, spec: SamplingSpec) -> GenerationChunk:
 class LLMStage:
     """Runs generation requests on one engine."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, audio_token_ids: list[int] | None = None) -> None:
         self._engine = engine
+        self._audio_token_ids = audio_token_ids
 
     @classmethod
     def from_args(cls, args: AppArgs) -> LLMStage:
-        return cls(build_engine(args))
+        audio_token_ids = None
+        if args.tts is not None and args.tts.constrain_to_audio_tokens:
+            from transformers import AutoTokenizer
+
+            from serve_app.codecs.orpheus import OrpheusLayout
+
+            tokenizer = AutoTokenizer.from_pretrained(
+                args.model.tokenizer_path, trust_remote_code=args.model.trust_remote_code
+            )
+            layout = OrpheusLayout.from_tokenizer(tokenizer)
+            audio_token_ids = [*layout.audio_token_ids(), layout.stop_id]
+        return cls(build_engine(args), audio_token_ids)
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
-        params = to_sampling_params(request.sampling)
+        params = to_sampling_params(request.sampling, self._audio_token_ids)
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
         if request.images:
             prompt["multi_modal_data"] = {"image": [image.pixels for image in request.images]}

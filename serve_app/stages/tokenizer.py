@@ -16,9 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError
-from serve_app.messages import ChatPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
+from serve_app.messages import ChatPrompt, SpeechPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
 
 TokenizerFactory = Callable[[], Any]
 
@@ -96,7 +97,9 @@ _MEDIA_PARTS = frozenset({"image", "image_url", "input_image", "input_audio", "a
 class TokenizerStage:
     """Turns prompts into token ids that fit the model's context."""
 
-    def __init__(self, factory: TokenizerFactory, max_model_len: int, threads: int, vision: bool = False) -> None:
+    def __init__(
+        self, factory: TokenizerFactory, max_model_len: int, threads: int, vision: bool = False, speech: bool = False
+    ) -> None:
         self._pool = TokenizerPool(factory, threads)
         self.max_model_len = max_model_len
         self.vision = vision
@@ -105,15 +108,24 @@ class TokenizerStage:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="tokenizer")
         with self._pool.borrow() as tok:
             self.vocab_size = len(tok)
+            self._speech = OrpheusLayout.from_tokenizer(tok) if speech else None
 
     @classmethod
     def from_args(cls, args: AppArgs) -> TokenizerStage:
         factory = load_hf_tokenizer(args.model.tokenizer_path, args.model.trust_remote_code)
-        return cls(factory, args.model.max_model_len, args.tokenizer.threads, vision=args.multimodal is not None)
+        return cls(
+            factory, args.model.max_model_len, args.tokenizer.threads,
+            vision=args.multimodal is not None, speech=args.tts is not None,
+        )  # fmt: skip
 
     @property
     def threads(self) -> int:
         return self._pool.size
+
+    @property
+    def speech_layout(self) -> OrpheusLayout | None:
+        """The talker's token layout: the ingress needs its audio ids to assemble codec frames."""
+        return self._speech
 
     async def tokenize_async(self, request: TokenizeRequest) -> TokenizedPrompt:
         """`tokenize` off the caller's event loop, so the loop stays free for health checks."""
@@ -142,6 +154,8 @@ class TokenizerStage:
 
     def _encode(self, tok: Any, request: TokenizeRequest) -> list[int]:
         prompt = request.prompt
+        if isinstance(prompt, SpeechPrompt):
+            return self._speech_prompt(tok, prompt)
         if isinstance(prompt, TextPrompt):
             if prompt.token_ids is not None:
                 self._check_ids(prompt.token_ids, "prompt")
@@ -149,6 +163,13 @@ class TokenizerStage:
             return list(tok.encode(prompt.text or "", add_special_tokens=request.add_special_tokens))
         text = self._render_chat(tok, prompt)
         return list(tok.encode(text, add_special_tokens=request.add_special_tokens))
+
+    def _speech_prompt(self, tok: Any, prompt: SpeechPrompt) -> list[int]:
+        """The Orpheus talker's prompt: start marker, `voice: text` with BOS, end markers."""
+        if self._speech is None:
+            raise BadRequestError("This model does not generate speech.", param="model")
+        text = list(tok.encode(f"{prompt.voice}: {prompt.text}", add_special_tokens=True))
+        return [*self._speech.start_ids, *text, *self._speech.end_ids]
 
     def _render_chat(self, tok: Any, prompt: ChatPrompt) -> str:
         if not prompt.messages:
@@ -203,7 +224,7 @@ class TokenizerStage:
             raise BadRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your "
                 f"request has {n} input tokens. Please reduce the length of the input.",
-                param="messages" if isinstance(request.prompt, ChatPrompt) else "prompt",
+                param={ChatPrompt: "messages", SpeechPrompt: "input"}.get(type(request.prompt), "prompt"),
                 code="context_length_exceeded",
             )
         room = self.max_model_len - n

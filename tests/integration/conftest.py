@@ -13,7 +13,16 @@ from typing import Any
 
 import pytest
 
-from tests.integration.support import APP, PORT, ROOT, VISION_PREFIX, graph_healthy, load_test_config, wait_for
+from tests.integration.support import (
+    APP,
+    PORT,
+    ROOT,
+    TTS_PREFIX,
+    VISION_PREFIX,
+    graph_healthy,
+    load_test_config,
+    wait_for,
+)
 
 # Ray Serve's throughput mode (the Makefile sets it) goes to the graph's workers through the job's
 # runtime_env; this driver process keeps the default, in which handles work from synchronous tests.
@@ -37,7 +46,14 @@ def tiny_vision_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def graph(tiny_model: Path, tiny_vision_model: Path) -> Iterator[str]:
+def tiny_tts_model() -> Path:
+    from serve_app.models.tiny_orpheus import ensure_tiny_orpheus_model
+
+    return ensure_tiny_orpheus_model(ROOT / "models" / "tiny-orpheus")
+
+
+@pytest.fixture(scope="session")
+def graph(tiny_model: Path, tiny_vision_model: Path, tiny_tts_model: Path) -> Iterator[str]:
     import ray
     from ray import serve
     from ray.serve.context import _get_global_client
@@ -53,6 +69,7 @@ def graph(tiny_model: Path, tiny_vision_model: Path) -> Iterator[str]:
     try:
         wait_for(lambda: graph_healthy(base_url), 240, "the text graph to report healthy")
         wait_for(lambda: graph_healthy(base_url + VISION_PREFIX), 120, "the vision graph to report healthy")
+        wait_for(lambda: graph_healthy(base_url + TTS_PREFIX), 120, "the speech graph to report healthy")
         yield base_url
     finally:
         serve.shutdown()
@@ -78,6 +95,13 @@ def vision_client(graph: str) -> Any:
     from openai import OpenAI
 
     return OpenAI(base_url=f"{graph}{VISION_PREFIX}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def tts_client(graph: str) -> Any:
+    from openai import OpenAI
+
+    return OpenAI(base_url=f"{graph}{TTS_PREFIX}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="session")

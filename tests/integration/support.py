@@ -16,6 +16,7 @@ PORT = int(os.environ.get("SERVE_GRAPH_TEST_PORT", "18123"))
 APP = "llm-app"
 VISION_APP = "vision-app"
 VISION_PREFIX = "/vision"
+TTS_PREFIX = "/tts"
 # A second loopback address, allow-listed for image fetching in the test config only: 127.0.0.1 stays
 # refused as in the shipped config, so one graph shows both the default and the configured behaviour.
 ALLOWED_LOOPBACK = "127.0.0.2"
@@ -28,6 +29,8 @@ def load_test_config() -> dict[str, Any]:
     for app in config["applications"]:
         model = app["args"]["model"]
         model["path"] = str(ROOT / model["path"])
+        if "tts" in app["args"]:
+            app["args"]["tts"]["codec"] = str(ROOT / app["args"]["tts"]["codec"])
         if "multimodal" in app["args"]:
             app["args"]["multimodal"]["fetch"] = {"allowed_hosts": [ALLOWED_LOOPBACK], "timeout_s": 5}
     return config

@@ -12,7 +12,7 @@ from load.bench import main
 from load.bench.cli import parse_args
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline import Services
-from tests.unit.bench_support import serving, vision_services
+from tests.unit.bench_support import SPEECH_MODEL, FakeSpeech, serving, vision_services
 from tests.unit.conftest import FakeLLM
 
 
@@ -81,6 +81,47 @@ def test_image_chat(tiny_vision_model_path: Path, fake_llm: FakeLLM, tmp_path: P
     assert "multimodal | tokenizer | llm_first_chunk" in (tmp_path / "results.md").read_text()
 
 
+def test_speech(tmp_path: Path) -> None:
+    fake = FakeSpeech(chunks=4, chunk_s=0.05, gap_s=0.01)
+    with serving(fake.app) as url:
+        results = main([
+            "--target", f"tts={url}", "--dataset", "tts", "--tts-input-chars", "40", "--voice", "leah",
+            "--concurrency", "2", "--duration", "0.3", "--warmup", "1", "--out", str(tmp_path), "--no-progress",
+        ])  # fmt: skip
+    assert (results["endpoint"], results["config"]["input_lens"]) == ("speech", [40])
+    m = results["results"]["tts"]["2"]
+    assert m["completed"] > 0 and m["failed"] == m["rejected"] == 0
+    assert m["total_audio_s"] == pytest.approx(0.2 * m["completed"])
+    # Client and server share this process's GIL: no claim on how late the audio comes, only that it is measured.
+    assert 0 <= m["underrun_rate"] <= 1 and m["rtf"]["p50"] > 0 and m["ttfa_ms"]["p50"] > 0
+    assert set(m["stage_ms"]) == {"tokenizer", "llm_first_chunk", "vocoder_first_chunk"}
+    sent = {(len(b["input"]), b["voice"], b["model"], b["response_format"], b["stream"]) for b in fake.bodies}
+    assert sent == {(40, "leah", SPEECH_MODEL, "pcm", True)}
+    assert len({b["input"] for b in fake.bodies}) == len(fake.bodies)  # a new text every request
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "results.json", "results.md", "latency_vs_level.png", "health_over_time.png",
+    }  # fmt: skip
+    assert "| tts | 2 | " in (tmp_path / "results.md").read_text()
+
+
+def test_speech_rejections_are_not_failures(tmp_path: Path) -> None:
+    with serving(FakeSpeech(max_streams=1).app) as url:
+        results = main([
+            "--target", f"tts={url}", "--dataset", "tts", "--concurrency", "3", "--duration", "0.3",
+            "--underrun-threshold-ms", "0", "--out", str(tmp_path), "--no-plots", "--no-progress",
+        ])  # fmt: skip
+    m = results["results"]["tts"]["3"]
+    assert m["completed"] > 0 and m["rejected"] > 0 and m["failed"] == 0 and m["errors"] == {}
+    assert m["underrun_threshold_ms"] == 0.0
+    assert "Rejections (HTTP 503): tts @ 3: " in (tmp_path / "results.md").read_text()
+
+
+def test_vllm_cannot_serve_speech(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--start", "vllm:configs/cpu-tiny.yaml@tts-app", "--dataset", "tts"])
+    assert "`vllm serve` has no /v1/audio/speech" in capsys.readouterr().err
+
+
 def test_defaults_depend_on_the_dataset() -> None:
     text = parse_args(["--target", "a=http://x"])
     assert (text.endpoint, text.input_len) == ("completions", 256)
@@ -89,6 +130,9 @@ def test_defaults_depend_on_the_dataset() -> None:
     assert (image.images_per_request, image.image_size, image.image_format, image.image_repeat) == (
         1, "1024x768", "jpeg", 0.0,
     )  # fmt: skip
+    speech = parse_args(["--start", "baseline:@tts-app", "--dataset", "tts"])
+    assert (speech.endpoint, speech.input_len, speech.tts_input_chars, speech.voice) == ("speech", None, 120, "tara")
+    assert speech.underrun_threshold_ms == 100.0
 
 
 @pytest.mark.parametrize(
@@ -109,6 +153,12 @@ def test_defaults_depend_on_the_dataset() -> None:
         ["--target", "a=http://x", "--dataset", "image", "--image-repeat", "1.5"],
         ["--target", "a=http://x", "--dataset", "image", "--images-per-request", "0"],
         ["--target", "a=http://x", "--dataset", "image", "--image-format", "gif"],
+        ["--target", "a=http://x", "--dataset", "tts", "--endpoint", "chat"],
+        ["--target", "a=http://x", "--dataset", "tts", "--input-len", "16"],
+        ["--target", "a=http://x", "--dataset", "tts", "--goodput", "ttft:500"],
+        ["--target", "a=http://x", "--dataset", "tts", "--tts-input-chars", "0"],
+        ["--target", "a=http://x", "--dataset", "tts", "--underrun-threshold-ms", "-1"],
+        ["--target", "a=http://x", "--input-len", "0"],
     ],
 )
 def test_bad_arguments(argv: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""The bench's metrics against hand-computed examples (numpy-style linear percentiles)."""
+"""The bench's metrics, text and speech, against hand-computed examples (numpy-style linear percentiles)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,20 @@ import math
 import pytest
 
 from load.bench.client import RequestRecord
-from load.bench.metrics import compute, itls, meets_slos, parse_slos, summarize_ms, tpot, ttft
+from load.bench.metrics import (
+    Speech,
+    compute,
+    compute_speech,
+    itls,
+    meets_slos,
+    parse_slos,
+    pcm_seconds,
+    speech,
+    summarize_ms,
+    tpot,
+    ttft,
+    underrun_s,
+)
 
 
 def record(
@@ -76,3 +89,54 @@ def test_parse_slos() -> None:
             parse_slos([bad])
     with pytest.raises(ValueError):
         parse_slos(["ttft:fast"])
+
+
+# Speech at 8 kHz (16,000 bytes of PCM a second), times that are exact in binary.
+RATE = 8000
+# Chunk k arrives at TIMES[k] with SIZES[k] bytes; due at 0.25 + audio before it:
+# 0.25, 0.375 (on time), 0.625 (0.125 late), 0.75 (0.125 late), 0.875 (0.0625 late).
+TIMES = [0.25, 0.375, 0.75, 0.875, 0.9375]
+SIZES = [2000, 4000, 2000, 2000, 1000]  # 0.6875 s of audio
+
+
+def speech_record(times: list[float], sizes: list[int], latency: float) -> RequestRecord:
+    return RequestRecord(sent_at=100.0, input_len=120, status=200, latency=latency, content_times=times,
+                         chunk_bytes=sizes, sample_rate=RATE, stage_ms={"vocoder_first_chunk": 2.0})  # fmt: skip
+
+
+def test_underrun_is_the_worst_lateness_against_real_time_from_the_first_chunk() -> None:
+    assert underrun_s(TIMES, SIZES, RATE) == 0.125
+    assert underrun_s(TIMES[:2], SIZES[:2], RATE) == 0.0  # on time
+    assert underrun_s([0.25, 0.26], [8000, 8000], RATE) == 0.0  # early chunks are not negative lateness
+    assert underrun_s([], [], RATE) == 0.0
+    # No rebuffering: the player does not wait for a late chunk, so lateness adds up (0.125, then 0.25).
+    assert underrun_s([0.0, 0.25, 0.5], [2000, 2000, 2000], RATE) == 0.25
+
+
+def test_speech_measures() -> None:
+    assert pcm_seconds(48000, 24000) == 1.0
+    stream = speech(speech_record(TIMES, SIZES, latency=1.375))
+    assert stream == Speech(audio_s=0.6875, rtf=2.0, underrun_s=0.125)
+    assert speech(failed(0.01)) is None
+    assert speech(A) is None  # a text record has no audio
+
+
+def test_compute_speech() -> None:
+    slow = speech_record(TIMES, SIZES, latency=1.375)  # TTFA 250 ms, RTF 2, underrun 125 ms
+    fast = speech_record([0.125, 0.25], [8000, 8000], latency=0.5)  # TTFA 125 ms, 1 s of audio: RTF 0.5
+    rejected = RequestRecord(sent_at=100.0, input_len=120, status=503, error="HTTP 503", latency=0.002)
+    m = compute_speech([slow, fast, rejected, failed(0.01)], duration_s=2.0, underrun_threshold_ms=100.0)
+    assert (m["completed"], m["failed"], m["rejected"], m["errors"]) == (2, 1, 1, {"HTTP 400": 1})
+    assert m["rejected_latency_ms"]["p50"] == pytest.approx(2.0)
+    assert m["failed_latency_ms"]["p50"] == pytest.approx(10.0)
+    assert (m["total_input_chars"], m["total_audio_s"]) == (240, 1.6875)
+    assert (m["request_throughput"], m["audio_throughput"]) == (1.0, 1.6875 / 2)
+    assert m["ttfa_ms"] == pytest.approx({"mean": 187.5, "p50": 187.5, "p90": 237.5, "p99": 248.75})
+    assert m["e2el_ms"]["mean"] == pytest.approx(937.5)
+    assert m["rtf"] == pytest.approx({"mean": 1.25, "p50": 1.25, "p90": 1.85, "p99": 1.985})
+    assert m["underrun_ms"] == pytest.approx({"mean": 62.5, "p50": 62.5, "p90": 112.5, "p99": 123.75})
+    assert (m["underrun_threshold_ms"], m["underrun_rate"]) == (100.0, 0.5)
+    assert m["stage_ms"]["vocoder_first_chunk"]["p50"] == pytest.approx(2.0)
+    # Strictly above the threshold: 125 ms late is no underrun at 125 ms.
+    assert compute_speech([slow, fast], 2.0, underrun_threshold_ms=125.0)["underrun_rate"] == 0.0
+    assert compute_speech([rejected], 2.0, 100.0)["underrun_rate"] is None

@@ -51,3 +51,38 @@ def test_rounds_are_pooled_and_nan_becomes_null() -> None:
     assert "stalled" not in table
     cells[0].loop_lag.append(0.2)
     assert "**The client stalled**" in report.markdown(report.jsonable(report.build(cells, workload, targets, {}, {})))
+
+
+def spoken(ttfa: float, late: float) -> RequestRecord:
+    """1 s of 24 kHz audio in two chunks, the second `late` seconds after a real-time player needs it."""
+    return RequestRecord(sent_at=0.0, input_len=120, status=200, latency=ttfa + 0.5 + late,
+                         content_times=[ttfa, ttfa + 0.5 + late], chunk_bytes=[24000, 24000], sample_rate=24000,
+                         stage_ms={"tokenizer": 1.0, "vocoder_first_chunk": 3.0})  # fmt: skip
+
+
+def test_speech_tables() -> None:
+    workload = Workload(mode="concurrency", levels=(2.0,), duration_s=1.0, rounds=2, endpoint="speech")
+    rejected = RequestRecord(sent_at=0.0, input_len=120, status=503, error="HTTP 503", latency=0.004)
+    cells = [cell(0, "a", [spoken(0.1, 0.0), rejected], 10.0), cell(1, "a", [spoken(0.3, 0.2)], 12.0)]
+    results = report.jsonable(report.build(cells, workload, {"a": {"url": "http://a"}}, {}, {}, 150.0))
+    a = results["results"]["a"]["2"]
+    assert (a["completed"], a["failed"], a["rejected"], a["underrun_rate"]) == (2, 0, 1, 0.5)
+    assert (a["audio_throughput"], a["rtf"]["p50"], a["underrun_ms"]["p99"]) == pytest.approx((1.0, 0.8, 198.0))
+    assert [(c["rejected"], c["ttfa_p50_ms"], c["underrun_rate"]) for c in results["cells"]] == [
+        (1, 100.0, 0.0), (0, 300.0, 1.0),
+    ]  # fmt: skip
+    json.dumps(results, allow_nan=False)
+    table = report.markdown(results)
+    assert "late by more than 150 ms" in table
+    assert (
+        "| target | concurrency | ok | failed | rejected | req/s | audio s/s | TTFA p50 | TTFA p99 | RTF p50 | RTF p99 "
+        "| underrun rate | underrun p99 | /health p50 | p99 | max |" in table
+    )
+    assert (
+        "| a | 2 | 2 | 0 | 1 | 1.00 | 1.00 | 200.0 | 298.0 | 0.800 | 0.996 | 0.500 | 198.0 | 3.00 | 4.00 | 4.00 |"
+        in table
+    )
+    assert "| a | 2 | 200.0 / 200.0 / 280.0 / 298.0 | 800.0 / 800.0 / 960.0 / 996.0 |" in table
+    assert "| a | 2 | 1.00 / 1.00 | 3.00 / 3.00 |" in table  # tokenizer, vocoder_first_chunk
+    assert "Rejections (HTTP 503): a @ 2: 1 in 4.00 / 4.00 ms" in table
+    assert "TPOT" not in table and "Failures" not in table

@@ -21,10 +21,11 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def test_there_are_cpu_defaults_and_gpu_examples() -> None:
-    assert {p.name for p in CONFIGS} >= {"cpu-tiny.yaml", "gpu-llama.yaml", "gpu-llava.yaml"}
+    assert {p.name for p in CONFIGS} >= {"cpu-tiny.yaml", "gpu-llama.yaml", "gpu-llava.yaml", "gpu-orpheus.yaml"}
     apps = {a["name"]: a for a in load(CONFIGS[0].parent / "cpu-tiny.yaml")["applications"]}
     assert "multimodal" not in apps["llm-app"]["args"]
     assert "multimodal" in apps["vision-app"]["args"]
+    assert "tts" in apps["tts-app"]["args"]
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -35,6 +36,7 @@ def test_config_is_a_valid_serve_config_with_valid_args(path: Path) -> None:
         args = parse_app_args(app.args)
         names = {d["name"] for d in raw["deployments"]}
         expected = {"ingress", "tokenizer", "llm"} | ({"multimodal"} if args.multimodal else set())
+        expected |= {"vocoder"} if args.tts else set()
         assert names == expected
         for deployment in raw["deployments"]:
             assert "max_ongoing_requests" in deployment
@@ -58,6 +60,12 @@ def test_builder_binds_the_multimodal_stage_for_images(tiny_model_path: Path) ->
     assert bound_stages(app) == ["llm", "multimodal", "tokenizer"]
 
 
+def test_builder_binds_the_vocoder_for_speech(tiny_model_path: Path) -> None:
+    tts = {"codec": "snac", "voices": ["tara"]}
+    app = build_app({"model": {"path": str(tiny_model_path), "max_model_len": 256}, "tts": tts})
+    assert bound_stages(app) == ["llm", "tokenizer", "vocoder"]
+
+
 @pytest.mark.parametrize(
     ("args", "field"),
     [
@@ -68,6 +76,7 @@ def test_builder_binds_the_multimodal_stage_for_images(tiny_model_path: Path) ->
         ({"model": {"path": "m", "max_model_len": 512}, "typo": 1}, "typo"),
         ({"model": {"path": "m", "max_model_len": 512}, "multimodal": {"formats": ["SVG"]}}, "multimodal.formats"),
         ({"model": {"path": "m", "max_model_len": 512}, "engine": {"model_impl": "x"}}, "engine.model_impl"),
+        ({"model": {"path": "m", "max_model_len": 512}, "tts": {"codec": "c", "voices": []}}, "tts.voices"),
     ],
 )
 def test_builder_fails_fast_naming_the_field(args: dict[str, Any], field: str) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline import Services
-from tests.unit.bench_support import serving, vision_services
+from tests.unit.bench_support import FakeSpeech, serving, vision_services
 from tests.unit.conftest import REPO, FakeLLM
 
 
-def run_locust(url: str, csv_prefix: Path, *args: str) -> dict[tuple[str, str], dict[str, str]]:
+def run_locust(url: str, csv_prefix: Path, *args: str, exit_code: int = 0) -> dict[tuple[str, str], dict[str, str]]:
     """Runs locust for 2 s with 2 users; its statistics rows by (type, name)."""
     locust = Path(sys.executable).parent / "locust"
     run = subprocess.run(
@@ -22,7 +22,7 @@ def run_locust(url: str, csv_prefix: Path, *args: str) -> dict[tuple[str, str], 
          "--only-summary", "--csv", str(csv_prefix), *args],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-3000:]  # locust exits 1 when any request failed
+    assert run.returncode == exit_code, run.stderr[-3000:]  # locust exits 1 when any request failed
     with open(f"{csv_prefix}_stats.csv") as f:
         return {(r["Type"], r["Name"]): r for r in csv.DictReader(f)}
 
@@ -66,3 +66,37 @@ def test_image_chat(tiny_vision_model_path: Path, fake_llm: FakeLLM, tmp_path: P
     assert images and len(images) == 2 * len(fake_llm.requests)
     assert all(image.pixels.shape == (56, 56, 3) and not image.cache_hit for image in images)
     assert len({image.content_hash for image in images}) == len(images)
+
+
+def test_speech(tmp_path: Path) -> None:
+    fake = FakeSpeech(chunks=4, chunk_s=0.05, gap_s=0.01)
+    with serving(fake.app) as url:
+        # A threshold no stall of this busy machine reaches: the other test fails streams on purpose.
+        rows = run_locust(
+            url, tmp_path / "run", "--tts-input-chars", "30", "--voice", "zoe", "--underrun-threshold-ms", "2000",
+            "SpeechUser",
+        )  # fmt: skip
+    assert_counted(rows, {
+        ("POST", "speech"), ("TTFA", "speech"), ("UNDERRUN", "speech"),
+        ("STAGE", "speech: tokenizer"), ("STAGE", "speech: vocoder_first_chunk"),
+    })  # fmt: skip
+    e2el, ttfa = (float(rows[kind, "speech"]["Average Response Time"]) for kind in ("POST", "TTFA"))
+    assert e2el >= ttfa
+    assert {(len(b["input"]), b["voice"], b["response_format"], b["stream"]) for b in fake.bodies} == {
+        (30, "zoe", "pcm", True)
+    }
+
+
+def test_speech_underruns_and_rejections_are_failures(tmp_path: Path) -> None:
+    # 50 ms of audio every 80 ms: the 4th chunk is 90 ms late; one stream at a time, the other user is refused.
+    with serving(FakeSpeech(chunks=4, chunk_s=0.05, gap_s=0.08, max_streams=1).app) as url:
+        rows = run_locust(url, tmp_path / "run", "--underrun-threshold-ms", "60", "SpeechUser", exit_code=1)
+    underruns = rows["UNDERRUN", "speech"]
+    assert int(underruns["Failure Count"]) == int(underruns["Request Count"]) > 0
+    assert float(underruns["Min Response Time"]) >= 60
+    with open(tmp_path / "run_failures.csv") as f:
+        failures = {(r["Method"], r["Name"], r["Error"]) for r in csv.DictReader(f)}
+    assert failures == {
+        ("POST", "speech", "CatchResponseError('rejected: HTTP 503')"),
+        ("UNDERRUN", "speech", "Underrun('underrun above 60 ms')"),
+    }

@@ -1,0 +1,195 @@
+"""`/v1/audio/speech`: the speech request path.
+
+1. Check the model, voice and input length; admit the stream, or answer 503 with Retry-After when
+   `tts.max_streams` are already speaking (new streams are refused rather than every admitted one
+   falling behind real time).
+2. Tokenizer stage: the talker's prompt (Orpheus layout: start marker, `voice: text`, end markers).
+3. LLM stage: audio-code tokens stream back, exactly as text tokens do.
+4. Codes become frames; frames go to the vocoder in chunks: the first small (time to first audio),
+   later ones larger, each with a few already-decoded frames of context so chunks join cleanly.
+   Credits per stream: at most `tts.max_chunks_in_flight` vocoder calls are outstanding for a stream;
+   with none left, that stream stops reading its talker output until its oldest chunk is back and
+   sent. A slow vocoder or a slow client slows its own stream only, and what one stream buffers is
+   bounded. A client that goes away closes the generator: pending calls are cancelled and the
+   talker's request is aborted.
+5. The first audio chunk is awaited before the response starts, so failures are still statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from dataclasses import replace
+from typing import Any
+
+from starlette.responses import Response, StreamingResponse
+
+from serve_app.audio_formats import RESPONSE_FORMATS, wav_header
+from serve_app.codecs.orpheus import FRAME_SIZE, FrameAssembler, OrpheusLayout
+from serve_app.config import TtsConfig
+from serve_app.errors import BadRequestError, OverloadedError
+from serve_app.ingress import sse
+from serve_app.ingress.clients import VocoderClient
+from serve_app.ingress.pipeline import Services, Stream, check_model, new_request_id, start_generation, timing_headers
+from serve_app.ingress.speech.protocol import SpeechRequest
+from serve_app.messages import AudioChunk, SamplingSpec, SpeechPrompt, TokenizeRequest, VocodeRequest
+
+# Frames of a token chunk that has not completed a frame are kept by FrameAssembler; a talker may
+# emit a few non-audio tokens, which this margin leaves room for.
+_TOKEN_MARGIN = 16
+
+
+def _speech_config(services: Services, request: SpeechRequest) -> tuple[TtsConfig, VocoderClient]:
+    check_model(services, request.model)
+    tts, vocoder = services.args.tts, services.vocoder
+    if tts is None or vocoder is None:
+        raise BadRequestError(
+            f"The model `{services.args.model.name}` does not generate speech.", param="model", code="model_not_tts"
+        )
+    if request.voice not in tts.voices:
+        raise BadRequestError(
+            f"Unknown voice '{request.voice}'; this model has {', '.join(tts.voices)}.", param="voice"
+        )
+    if len(request.input) > tts.max_input_chars:
+        raise BadRequestError(
+            f"input is {len(request.input)} characters; the limit is {tts.max_input_chars}.", param="input"
+        )
+    return tts, vocoder
+
+
+def max_audio_tokens(tts: TtsConfig, text: str, frame_size: int = FRAME_SIZE) -> int:
+    seconds = min(tts.max_audio_s, 1.0 + len(text) * tts.audio_s_per_char)
+    return math.ceil(seconds * tts.sample_rate / tts.samples_per_frame) * frame_size + _TOKEN_MARGIN
+
+
+async def create_speech(services: Services, request: SpeechRequest) -> Response:
+    tts, vocoder = _speech_config(services, request)
+    layout = await speech_layout(services)
+    if services.speech_streams >= tts.max_streams:
+        raise OverloadedError(
+            f"{services.speech_streams} speech streams are in progress, the most this server keeps real-time; "
+            "retry later.",
+            code="overloaded",
+        )
+    services.speech_streams += 1
+    try:
+        cap = max_audio_tokens(tts, request.input)
+        spec = SamplingSpec(max_tokens=cap, temperature=tts.temperature, top_p=tts.top_p,
+                            repetition_penalty=tts.repetition_penalty, audio_codes=True)  # fmt: skip
+        tokenize = TokenizeRequest(SpeechPrompt(request.input, request.voice), add_special_tokens=True)
+        stream = await start_generation(services, tokenize, lambda room: _capped(spec, room), new_request_id("speech"))
+        audio = audio_chunks(services, vocoder, tts, layout, stream)
+        try:
+            first = await anext(audio, None)
+        except BaseException:
+            await audio.aclose()
+            raise
+    except BaseException:
+        services.speech_streams -= 1
+        raise
+    headers = timing_headers(stream.timings) | {"X-Audio-Sample-Rate": str(tts.sample_rate)}
+    if not request.stream:
+        try:
+            async with aclosing(audio):
+                pcm = b"".join([first.pcm if first else b"", *[chunk.pcm async for chunk in audio]])
+        finally:
+            services.speech_streams -= 1
+        body = wav_header(tts.sample_rate, len(pcm) // 2) + pcm if request.response_format == "wav" else pcm
+        return Response(body, media_type=RESPONSE_FORMATS[request.response_format], headers=headers)
+    if request.stream_format == "sse":
+        events = sse.encode(_sse_events(services, first, audio, stream))
+        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+    body_stream = _bytes(services, first, audio, request.response_format == "wav", tts.sample_rate)
+    return StreamingResponse(body_stream, media_type=RESPONSE_FORMATS[request.response_format], headers=headers)
+
+
+def _capped(spec: SamplingSpec, room: int) -> SamplingSpec:
+    return replace(spec, max_tokens=min(spec.max_tokens, room))
+
+
+async def speech_layout(services: Services) -> OrpheusLayout:
+    if services.speech_layout is None:
+        services.speech_layout = await services.tokenizer.speech_layout()
+    if services.speech_layout is None:
+        raise BadRequestError("This model does not generate speech.", param="model", code="model_not_tts")
+    return services.speech_layout
+
+
+async def audio_chunks(
+    services: Services, vocoder: VocoderClient, tts: TtsConfig, layout: OrpheusLayout, stream: Stream
+) -> AsyncGenerator[AudioChunk, None]:
+    """Step 4: the stream's audio in order, with at most `max_chunks_in_flight` vocoder calls pending."""
+    assembler = FrameAssembler(layout)
+    ready: list[list[int]] = []  # frames not yet sent to the vocoder
+    context: list[list[int]] = []  # the last frames sent, decoded again before the next chunk
+    pending: deque[asyncio.Task[AudioChunk]] = deque()
+    seconds = services.metrics.stage_seconds.labels("vocoder")
+
+    def send(frames: list[list[int]]) -> None:
+        nonlocal context
+        request = VocodeRequest([*context, *frames], len(context))
+        pending.append(asyncio.ensure_future(vocoder.decode(request)))
+        context = [*context, *frames][-tts.context_frames :] if tts.context_frames else []
+
+    async def oldest() -> AudioChunk:
+        chunk = await pending.popleft()
+        seconds.observe(chunk.elapsed_s)
+        stream.timings.setdefault("vocoder_first_chunk", chunk.elapsed_s)
+        return chunk
+
+    try:
+        async for generated in stream.chunks():
+            for delta in generated.deltas:
+                ready += assembler.add(delta.token_ids)
+            size = tts.first_chunk_frames if not pending and not context else tts.chunk_frames
+            while len(ready) >= size:
+                send(ready[:size])
+                ready = ready[size:]
+                size = tts.chunk_frames
+                while len(pending) >= tts.max_chunks_in_flight:
+                    yield await oldest()
+            while pending and pending[0].done():
+                yield await oldest()
+        if ready:
+            send(ready)
+        while pending:
+            yield await oldest()
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        await stream.close()
+
+
+async def _bytes(
+    services: Services, first: AudioChunk | None, rest: AsyncGenerator[AudioChunk, None], wav: bool, sample_rate: int
+) -> AsyncIterator[bytes]:
+    try:
+        async with aclosing(rest):
+            if wav:
+                yield wav_header(sample_rate, None)
+            if first is not None:
+                yield first.pcm
+            async for chunk in rest:
+                yield chunk.pcm
+    finally:
+        services.speech_streams -= 1
+
+
+async def _sse_events(
+    services: Services, first: AudioChunk | None, rest: AsyncGenerator[AudioChunk, None], stream: Stream
+) -> AsyncIterator[dict[str, Any]]:
+    try:
+        async with aclosing(rest):
+            if first is not None:
+                yield {"type": "speech.audio.delta", "audio": base64.b64encode(first.pcm).decode()}
+            async for chunk in rest:
+                yield {"type": "speech.audio.delta", "audio": base64.b64encode(chunk.pcm).decode()}
+        tokens = {"input_tokens": stream.num_prompt_tokens, "output_tokens": stream.generated_tokens}
+        yield {"type": "speech.audio.done", "usage": tokens | {"total_tokens": sum(tokens.values())}}
+    finally:
+        services.speech_streams -= 1

@@ -1,0 +1,60 @@
+"""Vocoder stage: codec frames to 16-bit PCM, in its own deployment.
+
+Decoding is the TTS path's CPU-heavy step (a SNAC frame costs tens of milliseconds on a core), so it
+runs apart from the ingress and the talker and scales by replicas. The methods are synchronous: the
+deployment calls them in a worker thread so its event loop keeps answering health checks, and may
+batch requests whose frame counts match into one decoder call.
+"""
+
+from __future__ import annotations
+
+import time
+
+from serve_app.audio_formats import pcm16
+from serve_app.codecs.snac import CodecDecoder, SnacDecoder
+from serve_app.errors import BadRequestError
+from serve_app.messages import AudioChunk, VocodeRequest
+
+
+class VocoderStage:
+    def __init__(self, decoder: CodecDecoder) -> None:
+        self._decoder = decoder
+
+    @classmethod
+    def from_path(cls, path: str, threads: int = 1) -> VocoderStage:
+        return cls(SnacDecoder(path, threads))
+
+    @property
+    def sample_rate(self) -> int:
+        return self._decoder.sample_rate
+
+    def validate(self, request: VocodeRequest) -> None:
+        """Raise BadRequestError unless the decoder can take `request`.
+
+        `decode_batch` fails as a whole on one bad request, so a batching caller checks each request
+        with this first, where the error still reaches only its own client.
+        """
+        if not 0 <= request.context < len(request.frames):
+            raise BadRequestError(
+                f"A vocode request needs new frames after its {request.context} context frames; "
+                f"it has {len(request.frames)} frames in all.",
+                param="frames",
+            )
+        size, codebook = self._decoder.frame_size, self._decoder.codebook_size
+        for i, frame in enumerate(request.frames):
+            if len(frame) != size:
+                raise BadRequestError(f"frames[{i}] has {len(frame)} codes; a frame has {size}.", param="frames")
+            if not all(0 <= code < codebook for code in frame):
+                raise BadRequestError(f"frames[{i}] has a code outside [0, {codebook}).", param="frames")
+
+    def decode(self, request: VocodeRequest) -> AudioChunk:
+        return self.decode_batch([request])[0]
+
+    def decode_batch(self, requests: list[VocodeRequest]) -> list[AudioChunk]:
+        """One chunk per request, in order; every chunk carries the whole call's time."""
+        start = time.perf_counter()
+        for request in requests:
+            self.validate(request)
+        pcm = [pcm16(audio) for audio in self._decoder.decode(requests)]
+        elapsed = time.perf_counter() - start
+        return [AudioChunk(data, self._decoder.sample_rate, elapsed) for data in pcm]

@@ -1,0 +1,265 @@
+"""`/v1/audio/speech` through the ingress app: prompt building, credits per stream, formats, admission.
+
+In-process: the tiny Orpheus's real tokenizer stage, a fake talker that emits audio-code tokens, and
+a fake vocoder whose audio encodes which frames it was given (so order and context can be checked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import wave
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from serve_app.codecs.orpheus import OrpheusLayout
+from serve_app.config import parse_app_args
+from serve_app.errors import ServiceUnavailableError
+from serve_app.ingress.app import create_app
+from serve_app.ingress.clients import LocalTokenizer
+from serve_app.ingress.pipeline import Services
+from serve_app.messages import AudioChunk, ChoiceDelta, GenerateRequest, GenerationChunk, VocodeRequest
+from serve_app.models.tiny_orpheus import ensure_tiny_orpheus_model
+from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.conftest import REPO
+
+SPEECH = "/v1/audio/speech"
+RATE = 24_000
+SAMPLES = 4  # per frame, in the fake vocoder
+TTS = {"codec": "unused", "voices": ["tara", "leo"], "max_input_chars": 200, "audio_s_per_char": 0.05,
+       "max_audio_s": 20.0, "first_chunk_frames": 2, "chunk_frames": 3, "context_frames": 1,
+       "max_chunks_in_flight": 2, "max_streams": 2, "samples_per_frame": 2048}  # fmt: skip
+
+
+class FakeTalker:
+    """Emits `max_tokens` audio tokens (code k at step k), 5 per chunk, like a talker that never stops."""
+
+    def __init__(self, layout: OrpheusLayout) -> None:
+        self.layout = layout
+        self.requests: list[GenerateRequest] = []
+        self.closed = 0
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        self.requests.append(request)
+        total = request.sampling.max_tokens
+        try:
+            for start in range(0, total, 5):
+                ids = [self.layout.audio_offset + (k % 7) * 4096 + k for k in range(start, min(start + 5, total))]
+                last = start + 5 >= total
+                yield GenerationChunk([ChoiceDelta(0, "", ids, "length" if last else None)], 10, last)
+                await asyncio.sleep(0)
+        except GeneratorExit:
+            self.closed += 1
+            raise
+
+    async def check_health(self) -> None:
+        return None
+
+    async def metrics_text(self) -> str:
+        return ""
+
+
+class FakeVocoder:
+    """Audio of a frame = its first code, repeated SAMPLES times; records the calls in flight."""
+
+    def __init__(self) -> None:
+        self.requests: list[VocodeRequest] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.delay_s = 0.0
+        self.error: BaseException | None = None
+
+    async def decode(self, request: VocodeRequest) -> AudioChunk:
+        self.requests.append(request)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+            if self.error is not None:
+                raise self.error
+            codes = [frame[0] for frame in request.frames[request.context :]]
+            samples = np.repeat(np.array(codes, dtype="<i2"), SAMPLES)
+            return AudioChunk(samples.tobytes(), RATE, 0.001)
+        finally:
+            self.in_flight -= 1
+
+    async def check_health(self) -> None:
+        return None
+
+
+@pytest.fixture(scope="module")
+def orpheus_path() -> Path:
+    return ensure_tiny_orpheus_model(REPO / "models" / "tiny-orpheus")
+
+
+@pytest.fixture(scope="module")
+def speech_args(orpheus_path: Path) -> Any:
+    model = {"path": str(orpheus_path), "served_model_name": "tiny-orpheus", "max_model_len": 2048}
+    return parse_app_args({"model": model, "tts": TTS})
+
+
+@pytest.fixture(scope="module")
+def speech_tokenizer(speech_args: Any) -> Iterator[TokenizerStage]:
+    stage = TokenizerStage.from_args(speech_args)
+    yield stage
+    stage.close()
+
+
+@pytest.fixture
+def talker(speech_tokenizer: TokenizerStage) -> FakeTalker:
+    assert speech_tokenizer.speech_layout is not None
+    return FakeTalker(speech_tokenizer.speech_layout)
+
+
+@pytest.fixture
+def vocoder() -> FakeVocoder:
+    return FakeVocoder()
+
+
+@pytest.fixture
+def speech_services(
+    speech_args: Any, speech_tokenizer: TokenizerStage, talker: FakeTalker, vocoder: FakeVocoder
+) -> Any:
+    return Services.create(speech_args, LocalTokenizer(speech_tokenizer), talker, vocoder=vocoder)
+
+
+@pytest.fixture
+def speech_client(speech_services: Services) -> TestClient:
+    return TestClient(create_app(speech_services))
+
+
+def expected_codes(frames: int) -> list[int]:
+    """The first code of each frame the fake talker emits: token k carries code k."""
+    return [7 * f for f in range(frames)]
+
+
+def body(**fields: Any) -> dict[str, Any]:
+    return {"model": "tiny-orpheus", "input": "Hello there.", "voice": "tara"} | fields
+
+
+def test_prompt_follows_the_orpheus_layout(
+    speech_client: TestClient, talker: FakeTalker, speech_tokenizer: Any
+) -> None:
+    assert speech_client.post(SPEECH, json=body(response_format="pcm")).status_code == 200
+    (request,) = talker.requests
+    layout = talker.layout
+    ids = request.prompt_token_ids
+    assert ids[: len(layout.start_ids)] == layout.start_ids
+    assert ids[-len(layout.end_ids) :] == layout.end_ids
+    assert request.sampling.audio_codes
+    # 1 s + 12 chars x 0.05 s = 1.6 s of audio at most: 19 frames of 2048 samples at 24 kHz, 7 tokens each.
+    assert request.sampling.max_tokens == 19 * 7 + 16
+
+
+def test_wav_is_a_whole_file_with_every_frame_in_order(speech_client: TestClient) -> None:
+    response = speech_client.post(SPEECH, json=body())
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "audio/wav"
+    assert response.headers["x-audio-sample-rate"] == "24000"
+    with wave.open(io.BytesIO(response.content)) as wav:
+        assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (RATE, 1, 2)
+        samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
+    frames = (19 * 7 + 16) // 7
+    assert list(samples[::SAMPLES]) == expected_codes(frames)
+
+
+def test_chunks_carry_context_and_respect_the_credits(speech_client: TestClient, vocoder: FakeVocoder) -> None:
+    vocoder.delay_s = 0.01
+    assert speech_client.post(SPEECH, json=body(response_format="pcm", stream=True)).status_code == 200
+    first, second = vocoder.requests[:2]
+    assert (len(first.frames), first.context) == (2, 0)  # small first chunk, nothing before it
+    assert (len(second.frames), second.context) == (1 + 3, 1)
+    assert second.frames[0] == first.frames[-1]
+    assert vocoder.most_in_flight <= TTS["max_chunks_in_flight"]
+
+
+def test_streaming_pcm_equals_the_whole_file(speech_client: TestClient) -> None:
+    whole = speech_client.post(SPEECH, json=body(response_format="pcm")).content
+    with speech_client.stream("POST", SPEECH, json=body(response_format="pcm", stream=True)) as response:
+        assert response.status_code == 200
+        streamed = b"".join(response.iter_bytes())
+    assert streamed == whole
+
+
+def test_streaming_wav_has_the_open_ended_header(speech_client: TestClient) -> None:
+    content = speech_client.post(SPEECH, json=body(stream=True)).content
+    assert content[:4] == b"RIFF" and content[4:8] == b"\xff\xff\xff\xff"
+
+
+def test_sse_events(speech_client: TestClient, sse_events: Any) -> None:
+    response = speech_client.post(SPEECH, json=body(stream=True, stream_format="sse"))
+    events = [e for e in sse_events(response.text) if e != "[DONE]"]
+    assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
+    assert events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["usage"]["output_tokens"] == 19 * 7 + 16
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"voice": "nobody"}, "voice"),
+        ({"input": ""}, "input"),
+        ({"input": "   "}, "input"),
+        ({"input": "x" * 201}, "input"),
+        ({"response_format": "mp3"}, "response_format"),
+        ({"speed": 2.0}, "speed"),
+        ({"instructions": "whisper"}, "instructions"),
+        ({"model": "other"}, "model"),
+    ],
+)
+def test_bad_requests(speech_client: TestClient, fields: dict[str, Any], param: str) -> None:
+    response = speech_client.post(SPEECH, json=body(**fields))
+    assert 400 <= response.status_code < 500
+    assert response.json()["error"]["param"] == param
+
+
+def test_a_text_model_does_not_speak(client: TestClient) -> None:
+    response = client.post(SPEECH, json={"input": "hi", "voice": "tara"})
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "model_not_tts"
+
+
+async def test_admission_refuses_streams_beyond_max_streams(speech_services: Services, vocoder: FakeVocoder) -> None:
+    services = speech_services
+    from serve_app.ingress.speech.protocol import SpeechRequest
+    from serve_app.ingress.speech.serving import create_speech
+
+    vocoder.delay_s = 0.05
+    request = SpeechRequest.model_validate(body(stream=True, response_format="pcm"))
+    admitted = [await create_speech(services, request) for _ in range(TTS["max_streams"])]
+    with pytest.raises(ServiceUnavailableError, match="speech streams"):
+        await create_speech(services, request)
+    for response in admitted:
+        async for _ in response.body_iterator:
+            pass
+    assert services.speech_streams == 0
+    await create_speech(services, request)  # a slot is free again
+
+
+async def test_a_closed_stream_cancels_its_work(
+    speech_services: Services, talker: FakeTalker, vocoder: FakeVocoder
+) -> None:
+    services = speech_services
+    from serve_app.ingress.speech.protocol import SpeechRequest
+    from serve_app.ingress.speech.serving import create_speech
+
+    vocoder.delay_s = 0.02
+    response = await create_speech(services, SpeechRequest.model_validate(body(stream=True, response_format="pcm")))
+    iterator = response.body_iterator
+    await anext(iterator)  # type: ignore[call-overload]
+    await iterator.aclose()  # type: ignore[attr-defined]  # the client went away
+    assert talker.closed == 1
+    assert services.speech_streams == 0
+    await asyncio.sleep(0.05)
+    assert vocoder.in_flight == 0
+
+
+def test_a_vocoder_failure_before_the_first_byte_is_a_status(speech_client: TestClient, vocoder: FakeVocoder) -> None:
+    vocoder.error = ServiceUnavailableError("vocoder down")
+    response = speech_client.post(SPEECH, json=body(stream=True))
+    assert response.status_code == 503
