@@ -15,12 +15,13 @@ import uvicorn
 from load.serve_config import load_in_process
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.ingress.app import create_app
-from serve_app.ingress.clients import LocalLLM, LocalMultimodal, LocalTokenizer, TokenizerClient
+from serve_app.ingress.clients import LocalLLM, LocalMultimodal, LocalTokenizer, LocalVocoder, TokenizerClient
 from serve_app.ingress.pipeline import Services
 from serve_app.messages import TokenizedPrompt, TokenizeRequest
 from serve_app.stages.llm import LLMStage
 from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage
+from serve_app.stages.vocoder import VocoderStage
 
 
 class LoopTokenizer:
@@ -58,8 +59,16 @@ def main() -> None:
     stage = TokenizerStage.from_args(args)
     tokenizer: TokenizerClient = LoopTokenizer(stage) if opts.tokenize_on_loop else LocalTokenizer(stage)
     images = MultimodalStage.from_args(args) if args.multimodal is not None else None
-    services = Services.create(args, tokenizer, LocalLLM(llm), LocalMultimodal(images) if images else None)
-    services.closers += [stage.close, llm.shutdown, *([images.close] if images else [])]
+    vocoder = None
+    if args.tts is not None:
+        vocoder = LocalVocoder(VocoderStage.from_path(args.tts.codec, args.tts.codec_threads))
+    services = Services.create(args, tokenizer, LocalLLM(llm), LocalMultimodal(images) if images else None, vocoder)
+    services.closers += [
+        stage.close,
+        llm.shutdown,
+        *([images.close] if images else []),
+        *([vocoder.close] if vocoder else []),
+    ]
     server = uvicorn.Server(
         uvicorn.Config(create_app(services), host=opts.host, port=opts.port, log_level="warning", loop="asyncio")
     )

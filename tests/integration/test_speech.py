@@ -66,7 +66,7 @@ def test_bad_speech_requests_are_400(tts_client: Any, graph: str, fields: dict[s
 def test_a_disconnect_mid_stream_frees_the_slot(graph: str, tts_client: Any) -> None:
     url = f"{graph}{TTS_PREFIX}/v1/audio/speech"
     body = {"model": "tiny-orpheus", "voice": "tara", "input": "x" * 900, "response_format": "pcm", "stream": True}
-    for _ in range(6):  # more than max_streams (4): each abandoned stream must give its slot back
+    for _ in range(6):  # more than tts.max_streams: each abandoned stream must give its slot back
         with httpx.stream("POST", url, json=body, timeout=60) as response:
             assert response.status_code == 200
             next(response.iter_bytes())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import wave
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -263,3 +264,25 @@ def test_a_vocoder_failure_before_the_first_byte_is_a_status(speech_client: Test
     vocoder.error = ServiceUnavailableError("vocoder down")
     response = speech_client.post(SPEECH, json=body(stream=True))
     assert response.status_code == 503
+
+
+async def test_a_slow_client_holds_back_only_its_own_stream(
+    speech_services: Services, talker: FakeTalker, vocoder: FakeVocoder
+) -> None:
+    from serve_app.ingress.speech.protocol import SpeechRequest
+    from serve_app.ingress.speech.serving import create_speech
+
+    request = SpeechRequest.model_validate(body(stream=True, response_format="pcm"))
+    slow = (await create_speech(speech_services, request)).body_iterator
+    await anext(slow)  # type: ignore[call-overload]  # the client reads one chunk, then stops reading
+    await asyncio.sleep(0.05)
+    calls_while_stalled = len(vocoder.requests)
+    # The first chunk was sent; the stream may then fill its credits, and not one call more.
+    assert calls_while_stalled <= 1 + TTS["max_chunks_in_flight"]
+    fast = (await create_speech(speech_services, request)).body_iterator
+    chunks = [chunk async for chunk in fast]  # type: ignore[attr-defined]
+    frames = (19 * 7 + 16) // 7
+    assert len(b"".join(chunks)) == frames * SAMPLES * 2  # the other stream got all its audio
+    # ... in 1 + ceil((21 - 2) / 3) calls, while the stalled stream made none.
+    assert len(vocoder.requests) == calls_while_stalled + 1 + math.ceil((frames - 2) / 3)
+    await slow.aclose()  # type: ignore[attr-defined]
