@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -75,14 +75,21 @@ def fetch_model(client: httpx.Client, base_url: str) -> ModelInfo:
 
 def single_token_words(client: httpx.Client, base_url: str, model: str, words: Sequence[str] = WORDS) -> list[str]:
     """The words that the target's tokenizer encodes as exactly one token after a space."""
-    kept = []
-    for word in words:
+
+    def count(text: str) -> int:
         response = client.post(
-            f"{base_url}/tokenize", json={"model": model, "prompt": " " + word, "add_special_tokens": False}
+            f"{base_url}/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False}
         )
         response.raise_for_status()
-        if response.json()["count"] == 1:
-            kept.append(word)
+        return int(response.json()["count"])
+
+    return keep_single_tokens(count, model, words)
+
+
+def keep_single_tokens(count: Callable[[str], int], model: str, words: Sequence[str] = WORDS) -> list[str]:
+    """The words that `count` (a server's `/tokenize`, or a tokenizer in this process) says are one token
+    after a space, without special tokens."""
+    kept = [word for word in words if count(" " + word) == 1]
     if len(kept) < MIN_WORDS:
         raise RuntimeError(f"only {len(kept)} of {len(words)} words are single tokens for {model}; need {MIN_WORDS}")
     return kept

@@ -286,3 +286,13 @@ async def test_a_slow_client_holds_back_only_its_own_stream(
     # ... in 1 + ceil((21 - 2) / 3) calls, while the stalled stream made none.
     assert len(vocoder.requests) == calls_while_stalled + 1 + math.ceil((frames - 2) / 3)
     await slow.aclose()  # type: ignore[attr-defined]
+
+
+def test_without_context_later_chunks_still_have_chunk_frames(
+    speech_args: Any, speech_tokenizer: TokenizerStage, talker: FakeTalker, vocoder: FakeVocoder
+) -> None:
+    args = speech_args.model_copy(update={"tts": speech_args.tts.model_copy(update={"context_frames": 0})})
+    client = TestClient(create_app(Services.create(args, LocalTokenizer(speech_tokenizer), talker, vocoder=vocoder)))
+    assert client.post(SPEECH, json=body(response_format="pcm")).status_code == 200
+    sizes = [len(r.frames) for r in vocoder.requests]
+    assert sizes[:3] == [2, 3, 3] and all(r.context == 0 for r in vocoder.requests)

@@ -128,9 +128,11 @@ async def audio_chunks(
     context: list[list[int]] = []  # the last frames sent, decoded again before the next chunk
     pending: deque[asyncio.Task[AudioChunk]] = deque()
     seconds = services.metrics.stage_seconds.labels("vocoder")
+    size = tts.first_chunk_frames  # of the next chunk
 
     def send(frames: list[list[int]]) -> None:
-        nonlocal context
+        nonlocal context, size
+        size = tts.chunk_frames
         request = VocodeRequest([*context, *frames], len(context))
         pending.append(asyncio.ensure_future(vocoder.decode(request)))
         context = [*context, *frames][-tts.context_frames :] if tts.context_frames else []
@@ -145,11 +147,9 @@ async def audio_chunks(
         async for generated in stream.chunks():
             for delta in generated.deltas:
                 ready += assembler.add(delta.token_ids)
-            size = tts.first_chunk_frames if not pending and not context else tts.chunk_frames
             while len(ready) >= size:
-                send(ready[:size])
-                ready = ready[size:]
-                size = tts.chunk_frames
+                ready, chunk = ready[size:], ready[:size]
+                send(chunk)
                 while len(pending) >= tts.max_chunks_in_flight:
                     yield await oldest()
             while pending and pending[0].done():
