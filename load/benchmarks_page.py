@@ -104,10 +104,47 @@ def bench(result: dict[str, Any]) -> list[str]:
     return [*lines, result["markdown"].strip(), "", *_meta(result)]
 
 
+def ceiling(result: dict[str, Any]) -> list[str]:
+    return [
+        f"## Engine ceiling, offline ({result['model']}, {result['input_len']} in / {result['output_len']} out, "
+        f"{result['concurrency']} in flight)",
+        "",
+        "The engine alone: built in one process as the llm stage builds it and given token ids, with no HTTP "
+        "and no Ray. The most this machine serves of the text workload; the bench's req/s are fractions of it.",
+        "",
+        "| requests | seconds | req/s | output tok/s |",
+        "|---:|---:|---:|---:|",
+        f"| {result['requests']} | {result['duration_s']:.1f} | {result['request_throughput']:.2f} "
+        f"| {result['output_throughput']:,.1f} |",
+        "",
+        *_meta(result),
+    ]
+
+
+def tokenizer_throughput(result: dict[str, Any]) -> list[str]:
+    lines = [
+        f"## Tokenizer throughput ({result['prompts']} chat prompts x {result['rounds']} rounds, "
+        f"{result['input_len']} words, {result['tokens_per_prompt']:.0f} tokens each)",
+        "",
+        "Chat template and tokenization of the same prompts. The reference is the HF tokenizer called "
+        "directly, one thread: the physical reference the stage and the graph are compared with.",
+        "",
+        "| path | how | prompts/s | tokens/s | vs reference |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for name, p in result["paths"].items():
+        lines.append(
+            f"| {name} | {p['how']} | {p['prompts_per_s']:,.0f} | {p['tokens_per_s']:,.0f} | {p['vs_reference']:.2f}x |"
+        )
+    return [*lines, "", *_meta(result)]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "health_probe": health_probe,
     "overhead": overhead,
     "bench": bench,
+    "ceiling": ceiling,
+    "tokenizer_throughput": tokenizer_throughput,
 }
 
 

@@ -173,6 +173,37 @@ def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
     return lines
 
 
+def _ratio(a: float | None, b: float | None) -> str:
+    if a is None or b is None or math.isnan(a) or math.isnan(b) or b == 0:
+        return "-"
+    return f"{a / b:.2f}x"
+
+
+def _vs_graph(results: dict[str, Any], level_name: str, speech: bool) -> list[str]:
+    """The graph over each other target at each level: the ratios the notes quote, stated here once."""
+    others = [name for name in results["targets"] if name != "graph"]
+    if "graph" not in results["targets"] or not others:
+        return []
+    latency, label = ("ttfa_ms", "TTFA") if speech else ("ttft_ms", "TTFT")
+    lines = [
+        "",
+        f"Graph / other target at the same level (req/s below 1x: the graph serves less; {label} p50 above 1x: "
+        "the graph answers later)",
+        "",
+        f"| other | {level_name} | req/s ratio | {label} p50 ratio |",
+        "|---|---:|---:|---:|",
+    ]
+    for level in results["levels"]:
+        graph = results["results"]["graph"][level]
+        for name in others:
+            other = results["results"][name][level]
+            lines.append(
+                f"| {name} | {level} | {_ratio(graph['request_throughput'], other['request_throughput'])} "
+                f"| {_ratio(graph[latency]['p50'], other[latency]['p50'])} |"
+            )
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
     level_name = "concurrency" if results["mode"] == "concurrency" else "req/s offered"
     rows: list[Row] = [
@@ -180,6 +211,7 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     speech = results.get("endpoint") == "speech"
     lines = _speech_table(level_name, rows) if speech else _text_tables(results, level_name, rows)
+    lines += _vs_graph(results, level_name, speech)
     stages = [stage for stage in STAGE_HEADERS.values() if any(stage in m["stage_ms"] for _, _, m in rows)]
     if stages:
         lines += ["", "Stage times the server reports (X-*-Time headers), ms: p50 / p99", ""]

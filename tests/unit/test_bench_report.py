@@ -49,6 +49,7 @@ def test_rounds_are_pooled_and_nan_becomes_null() -> None:
     assert "| b | 2 | - |" in table
     assert "Client event-loop lag, max: 3.0 ms" in table
     assert "stalled" not in table
+    assert "ratio" not in table  # no target named graph
     cells[0].loop_lag.append(0.2)
     assert "**The client stalled**" in report.markdown(report.jsonable(report.build(cells, workload, targets, {}, {})))
 
@@ -86,3 +87,20 @@ def test_speech_tables() -> None:
     assert "| a | 2 | 1.00 / 1.00 | 3.00 / 3.00 |" in table  # tokenizer, vocoder_first_chunk
     assert "Rejections (HTTP 503): a @ 2: 1 in 4.00 / 4.00 ms" in table
     assert "TPOT" not in table and "Failures" not in table
+
+
+def test_ratios_to_graph() -> None:
+    workload = Workload(mode="concurrency", levels=(2.0,), duration_s=1.0, rounds=1)
+    cells = [cell(0, "graph", [ok(0.3)], 10.0), cell(0, "vllm", [ok(0.1), ok(0.1)], 11.0), cell(0, "idle", [], 12.0)]
+    targets = {name: {"url": f"http://{name}"} for name in ("graph", "vllm", "idle")}
+    table = report.markdown(report.jsonable(report.build(cells, workload, targets, {}, {})))
+    assert "| other | concurrency | req/s ratio | TTFT p50 ratio |" in table
+    assert "| vllm | 2 | 0.50x | 3.00x |" in table
+    assert "| idle | 2 | - | - |" in table  # no requests: no ratio, not a division by zero
+    assert "| graph | 2 | 1.00x" not in table
+
+    speech = Workload(mode="concurrency", levels=(2.0,), duration_s=1.0, rounds=1, endpoint="speech")
+    cells = [cell(0, "graph", [spoken(0.2, 0.0)], 10.0), cell(0, "baseline", [spoken(0.1, 0.0)], 11.0)]
+    targets = {"graph": {"url": "http://g"}, "baseline": {"url": "http://b"}}
+    table = report.markdown(report.jsonable(report.build(cells, speech, targets, {}, {})))
+    assert "| baseline | 2 | 1.00x | 2.00x |" in table and "TTFA p50 ratio" in table
