@@ -1,8 +1,11 @@
-"""Run a Serve config's stages in this process, as the baseline and the direct-engine reference do."""
+"""Read Serve configs for the measuring tools: a config's stages in this process (the baseline, the
+engine references), or the config itself made ready to deploy from this checkout."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -24,3 +27,15 @@ def load_in_process(config_path: str, app: str | None = None) -> AppArgs:
         for key, value in env.items():
             os.environ.setdefault(key, str(value))
     return parse_app_args(app_cfg["args"])
+
+
+def pin_local_paths(config: dict[str, Any], root: Path) -> dict[str, Any]:
+    """`config` with each application's relative model and codec paths made absolute under `root`:
+    Serve builds applications in another process, whose working directory is not this one."""
+    for app in config["applications"]:
+        args = app["args"]
+        for holder, key in ((args["model"], "path"), (args.get("tts") or {}, "codec")):
+            value = holder.get(key)
+            if value and not Path(value).is_absolute() and (root / value).exists():
+                holder[key] = str(root / value)
+    return config

@@ -1,12 +1,11 @@
 """Targets the benchmark starts itself (`--start KIND[:ARG]`), stopped when the run ends.
 
-Kinds: `baseline` (this project's stages in one process) and `vllm` (`vllm serve` of the same model).
-For both, ARG is `CONFIG[@APP]`: a Serve config file (default configs/cpu-tiny.yaml) and the name of
-one of its applications (default the first), e.g. `vllm:configs/cpu-tiny.yaml@vision-app` or
-`baseline:@vision-app`.
-Extension point: `LAUNCHERS` maps a kind to a function of its optional argument that says how to
-start it (command line, URL once up). A `graph` kind (`serve run CONFIG`, URL from the config's
-`http_options`) registers there the same way; it would also need to stop Serve in its own way.
+Kinds: `graph` (this project on a Ray cluster of its own), `baseline` (its stages in one process) and
+`vllm` (`vllm serve` of the same model). For each, ARG is `CONFIG[@APP]`: a Serve config file
+(default configs/cpu-tiny.yaml) and the name of one of its applications (default the first), e.g.
+`graph:configs/cpu-tiny.yaml@vision-app`, `vllm:configs/cpu-tiny.yaml@vision-app` or `baseline:@vision-app`.
+`LAUNCHERS` maps a kind to a function of its optional argument that says how to start it (command
+line, URL once up); every kind stops on SIGTERM to its process group.
 """
 
 from __future__ import annotations
@@ -84,7 +83,24 @@ def vllm(arg: str | None) -> LaunchSpec:
     return LaunchSpec(command, f"http://127.0.0.1:{port}")
 
 
-LAUNCHERS: dict[str, Callable[[str | None], LaunchSpec]] = {"baseline": baseline, "vllm": vllm}
+def graph(arg: str | None) -> LaunchSpec:
+    """The graph: one application of a config, on a local Ray cluster of its own (`load/graph_launcher.py`).
+
+    Not niced here: Ray already runs the graph's workers at nice 15, and the launcher only waits.
+    """
+    from load.graph_launcher import one_app_config, route_prefix
+
+    config, app = config_and_app(arg)
+    port = free_port()
+    command = [sys.executable, "-m", "load.graph_launcher", "--config", config, "--port", str(port)]
+    if app is not None:
+        command += ["--app", app]
+    # A Ray cluster and an engine start in about a minute here; Serve's shutdown takes a while too.
+    prefix = route_prefix(one_app_config(config, app, port))
+    return LaunchSpec(command, f"http://127.0.0.1:{port}{prefix}", ready_timeout_s=600.0, stop_timeout_s=60.0)
+
+
+LAUNCHERS: dict[str, Callable[[str | None], LaunchSpec]] = {"baseline": baseline, "vllm": vllm, "graph": graph}
 
 
 def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 import httpx
 import yaml
 
+from load.serve_config import pin_local_paths
+
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cpu-tiny.yaml"
 PORT = int(os.environ.get("SERVE_GRAPH_TEST_PORT", "18123"))
@@ -26,11 +28,7 @@ def load_test_config() -> dict[str, Any]:
     """The default config, on a test port and with the model paths pinned to this checkout."""
     config: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
     config["http_options"]["port"] = PORT
-    for app in config["applications"]:
-        model = app["args"]["model"]
-        model["path"] = str(ROOT / model["path"])
-        if "tts" in app["args"]:
-            app["args"]["tts"]["codec"] = str(ROOT / app["args"]["tts"]["codec"])
+    for app in pin_local_paths(config, ROOT)["applications"]:
         if "multimodal" in app["args"]:
             app["args"]["multimodal"]["fetch"] = {"allowed_hosts": [ALLOWED_LOOPBACK], "timeout_s": 5}
     return config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -80,7 +81,9 @@ def test_a_target_that_exits_fails_the_start(tmp_path: Path) -> None:
 
 
 def test_bad_specs(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="unknown kind 'nope'; known: baseline, crashing, stand-in, stubborn, vllm"):
+    with pytest.raises(
+        ValueError, match="unknown kind 'nope'; known: baseline, crashing, graph, stand-in, stubborn, vllm"
+    ):
         targets.started(["nope"], tmp_path).__enter__()
     with pytest.raises(ValueError, match="already started"), targets.started(["stand-in", "stand-in"], tmp_path):
         pass
@@ -154,3 +157,26 @@ def test_vllm_command_for_the_vision_app() -> None:
 def test_vllm_command_for_an_unknown_app() -> None:
     with pytest.raises(SystemExit, match="has no application 'nope'"):
         targets.vllm("configs/cpu-tiny.yaml@nope")
+
+
+def test_graph_command_and_url_follow_the_app() -> None:
+    spec = targets.graph("configs/cpu-tiny.yaml@vision-app")
+    assert spec.command[1:3] == ["-m", "load.graph_launcher"]
+    assert spec.command[spec.command.index("--app") + 1] == "vision-app"
+    port = spec.command[spec.command.index("--port") + 1]
+    assert spec.url == f"http://127.0.0.1:{port}/vision"
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", targets.graph(None).url)  # the first app is at /
+
+
+def test_graph_launcher_keeps_one_app_with_pinned_paths() -> None:
+    from load.graph_launcher import one_app_config, route_prefix
+
+    config = one_app_config("configs/cpu-tiny.yaml", "tts-app", 8123)
+    (app,) = config["applications"]
+    assert app["name"] == "tts-app" and route_prefix(config) == "/tts"
+    assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
+    assert Path(app["args"]["model"]["path"]).is_absolute()
+    assert Path(app["args"]["tts"]["codec"]).is_absolute()
+    assert route_prefix(one_app_config("configs/cpu-tiny.yaml", None, 8123)) == ""
+    with pytest.raises(SystemExit, match="no application"):
+        one_app_config("configs/cpu-tiny.yaml", "nope", 8123)

@@ -1,0 +1,76 @@
+"""The graph as a benchmark target: one Serve application of a config, on its own local Ray cluster.
+
+`load.bench --start graph:CONFIG[@APP]` runs this in a child process; SIGTERM shuts Serve and the
+cluster down again. `ray.init(address="local")` starts a cluster owned by this process, so stopping
+it never touches another Ray on the machine (e.g. one that `make serve` started), and its workers
+inherit this process's environment: `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, as the Makefile sets it.
+`python -m load.graph_launcher --config configs/cpu-tiny.yaml --app vision-app --port 8100`
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from load.serve_config import pin_local_paths
+
+
+def one_app_config(config_path: str, app: str | None, port: int) -> dict[str, Any]:
+    """The config with only application `app` (default: the first), served on 127.0.0.1:`port`."""
+    config: dict[str, Any] = yaml.safe_load(Path(config_path).read_text())
+    apps = config["applications"]
+    chosen = [a for a in apps if a["name"] == app] if app is not None else apps[:1]
+    if not chosen:
+        raise SystemExit(f"{config_path} has no application {app!r}; it has {[a['name'] for a in apps]}")
+    config["applications"] = chosen
+    config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
+    return pin_local_paths(config, Path.cwd())
+
+
+def route_prefix(config: dict[str, Any]) -> str:
+    prefix = str(config["applications"][0].get("route_prefix") or "/")
+    return "" if prefix == "/" else prefix.rstrip("/")
+
+
+def _exit(signum: int, frame: Any) -> None:
+    raise SystemExit(0)  # so that the `finally` below shuts Serve and Ray down
+
+
+def serve_until_terminated(config: dict[str, Any]) -> None:
+    import ray
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    signal.signal(signal.SIGTERM, _exit)
+    ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+    try:
+        serve.start(http_options=config["http_options"])
+        client = _get_global_client()
+        assert client is not None  # serve.start() just made it
+        client.deploy_apps(ServeDeploySchema.model_validate(config))
+        while True:
+            signal.pause()
+    finally:
+        serve.shutdown()  # type: ignore[no-untyped-call]
+        ray.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/cpu-tiny.yaml")
+    parser.add_argument("--app", default=None, help="application of the config (default: the first)")
+    parser.add_argument("--port", type=int, required=True)
+    opts = parser.parse_args()
+    serve_until_terminated(one_app_config(opts.config, opts.app, opts.port))
+
+
+if __name__ == "__main__":
+    main()
