@@ -89,6 +89,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=10.0, help="seconds of load per target, level and round")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--no-rotate", action="store_true", help="keep the target order fixed in every round")
+    p.add_argument(
+        "--honor-retry-after",
+        action="store_true",
+        help="closed loop: after a 503 with Retry-After, a user waits that long before its next request",
+    )
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests per target before the run")
     p.add_argument("--goodput", nargs="+", default=[], metavar="METRIC:MS", help="SLOs, e.g. ttft:500 tpot:50")
     p.add_argument("--health-interval", type=float, default=0.1, help="seconds between /health probes")
@@ -193,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         mode="rate" if opts.request_rate else "concurrency", levels=levels, duration_s=opts.duration,
         rounds=opts.rounds, endpoint=opts.endpoint, max_concurrency=opts.max_concurrency, warmup=opts.warmup,
         health_interval_s=opts.health_interval, request_timeout_s=opts.request_timeout,
-        rotate=not opts.no_rotate, seed=opts.seed,
+        rotate=not opts.no_rotate, seed=opts.seed, honor_retry_after=opts.honor_retry_after,
     )  # fmt: skip
     with targets.started(opts.start, out) as started:
         urls: dict[str, str] = {**started, **opts.urls}

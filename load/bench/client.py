@@ -34,6 +34,7 @@ class RequestRecord:
     # Speech: the PCM bytes of each content chunk (aligned with `content_times`) and their sample rate.
     chunk_bytes: list[int] = field(default_factory=list)
     sample_rate: int | None = None
+    retry_after_s: float | None = None  # from a refusal's Retry-After header (seconds form)
 
     @property
     def ok(self) -> bool:
@@ -72,6 +73,8 @@ async def timed_post(
             record.stage_ms = stage_times_ms(response.headers)
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}"
+                retry_after = response.headers.get("retry-after", "")
+                record.retry_after_s = float(retry_after) if retry_after.isdigit() else None
                 record.detail = (await response.aread()).decode(errors="replace")[:300]
             else:
                 await read(response)

@@ -50,6 +50,9 @@ class Workload:
     request_timeout_s: float = 300.0
     rotate: bool = True
     seed: int = 0
+    # Closed loop: a user that got 503 + Retry-After waits that long before its next request, as a
+    # well-behaved client does, instead of re-sending at once and loading the server with rejections.
+    honor_retry_after: bool = False
 
 
 @dataclass
@@ -94,14 +97,19 @@ def arrival_offsets(rate: float, duration_s: float, rng: random.Random) -> list[
 SendNext = Callable[[], Awaitable[RequestRecord]]
 
 
-async def closed_loop(send_next: SendNext, concurrency: int, duration_s: float) -> list[RequestRecord]:
+async def closed_loop(
+    send_next: SendNext, concurrency: int, duration_s: float, honor_retry_after: bool = False
+) -> list[RequestRecord]:
     """`concurrency` users sending back to back; none starts a request after `duration_s`."""
     deadline = time.perf_counter() + duration_s
 
     async def user() -> list[RequestRecord]:
         done = []
         while time.perf_counter() < deadline:
-            done.append(await send_next())
+            record = await send_next()
+            done.append(record)
+            if honor_retry_after and record.retry_after_s:
+                await asyncio.sleep(max(0.0, min(record.retry_after_s, deadline - time.perf_counter())))
         return done
 
     return [r for records in await asyncio.gather(*(user() for _ in range(concurrency))) for r in records]
@@ -181,7 +189,7 @@ class Runner:
         lags = asyncio.create_task(loop_lag(stop))
         started_at = time.perf_counter()
         if w.mode == "concurrency":
-            records = await closed_loop(send_next, int(cell.level), w.duration_s)
+            records = await closed_loop(send_next, int(cell.level), w.duration_s, w.honor_retry_after)
         else:
             # The same arrival times for every target of a (round, level): only the target differs.
             rng = random.Random(f"{w.seed}:{cell.round}:{cell.level}")

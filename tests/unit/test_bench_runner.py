@@ -73,6 +73,21 @@ async def test_closed_loop_keeps_concurrency_and_stops_starting_at_the_deadline(
     assert max(fake.starts) - start < 0.2
 
 
+async def test_closed_loop_waits_out_retry_after_when_asked() -> None:
+    refusals: list[float] = []
+
+    async def refused() -> RequestRecord:
+        refusals.append(time.perf_counter())
+        return RequestRecord(sent_at=refusals[-1], input_len=1, status=503, error="HTTP 503", retry_after_s=0.1)
+
+    await closed_loop(refused, concurrency=1, duration_s=0.25, honor_retry_after=True)
+    assert len(refusals) == 3  # at 0, 0.1 and 0.2 s
+    assert all(b - a >= 0.09 for a, b in itertools.pairwise(refusals))
+    refusals.clear()
+    await closed_loop(refused, concurrency=1, duration_s=0.05)
+    assert len(refusals) > 3  # without it, back to back
+
+
 async def test_open_loop_follows_arrivals_and_caps_in_flight() -> None:
     fake = FakeSend(0.05)
     start = time.perf_counter()

@@ -102,6 +102,7 @@ async def test_failed_speech(
         record = await tts.send(client, "http://tts", "tiny-orpheus", tts.SpeechDataset(10).prompt(0))
     assert (record.ok, record.status, record.error) == (False, status, error)
     assert record.detail is not None and detail in record.detail
+    assert record.retry_after_s == (1.0 if "Retry-After" in headers else None)
     assert metrics.speech(record) is None
 
 
