@@ -4,7 +4,8 @@
 results/overhead_default.json results/bench/text-256-32-vllm/results.json results/bench/text-256-32/results.json
 results/bench/text-256-32-interval8/results.json results/bench/image-1024/results.json
 results/bench/image-replicas/results.json results/bench/tts-120/results.json results/bench/text-rate-sweep/results.json
-results/ceiling.json results/tokenizer_throughput.json > docs/benchmarks.md` (the current page)
+results/bench/tts-120-retry-after/results.json results/ceiling.json results/tokenizer_throughput.json
+> docs/benchmarks.md` (the current page)
 Each result file carries the command, date and machine that produced it (load/meta.py).
 """
 
