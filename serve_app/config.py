@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 
 class _Strict(BaseModel):
@@ -197,6 +197,19 @@ class TtsConfig(_Strict):
     )
 
 
+class AuthConfig(_Strict):
+    api_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="Bearer tokens accepted in `Authorization`; with any set (here or from `api_keys_env`), "
+        "every route but `/health` requires one.",
+    )
+    api_keys_env: str | None = Field(
+        default=None,
+        description="Environment variable (of the ingress replica) holding more keys, comma-separated: keeps "
+        "them out of the YAML.",
+    )
+
+
 class HealthConfig(_Strict):
     poll_interval_s: float = Field(
         default=2.0, gt=0.0, le=60.0, description="How often the ingress checks the stages in the background."
@@ -220,6 +233,7 @@ class AppArgs(_Strict):
         default=None, description="Text-to-speech with an Orpheus-style talker; leave out for other models."
     )
     health: HealthConfig = Field(default_factory=HealthConfig, description="Background health checks.")
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="Optional API keys.")
 
     @model_validator(mode="after")
     def _local_paths_absolute(self) -> AppArgs:

@@ -45,6 +45,11 @@ class BadRequestError(OpenAIError):
     error_type = "BadRequestError"
 
 
+class AuthenticationError(OpenAIError):
+    status_code = 401
+    error_type = "AuthenticationError"
+
+
 class NotFoundError(OpenAIError):
     status_code = 404
     error_type = "NotFoundError"

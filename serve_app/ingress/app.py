@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import OpenAIError, OverloadedError, find_openai_error
+from serve_app.ingress.auth import ApiKeyAuth, load_keys
 from serve_app.ingress.body_limit import BodySizeLimit
 from serve_app.ingress.chat.protocol import ChatCompletionRequest
 from serve_app.ingress.chat.serving import create_chat_completion
@@ -38,7 +39,8 @@ from serve_app.ingress.tokenize.protocol import (
 logger = logging.getLogger(__name__)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}, 413: {"model": ErrorResponse},
+    400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
+    413: {"model": ErrorResponse},
     503: {"model": ErrorResponse},
 }  # fmt: skip
 
@@ -111,6 +113,7 @@ def create_app(services: Services) -> FastAPI:
 
     app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=services.args.limits.max_request_bytes)
+    app.add_middleware(ApiKeyAuth, keys=load_keys(services.args.auth))
     app.add_middleware(_RequestMetrics, services=services)
 
     @app.exception_handler(OpenAIError)
