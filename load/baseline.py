@@ -59,10 +59,11 @@ def main() -> None:
     stage = TokenizerStage.from_args(args)
     tokenizer: TokenizerClient = LoopTokenizer(stage) if opts.tokenize_on_loop else LocalTokenizer(stage)
     images = MultimodalStage.from_args(args) if args.multimodal is not None else None
-    vocoder = None
-    if args.tts is not None:
-        vocoder = LocalVocoder(VocoderStage.from_path(args.tts.codec, args.tts.codec_threads))
-    services = Services.create(args, tokenizer, LocalLLM(llm), LocalMultimodal(images) if images else None, vocoder)
+    vocoder = VocoderStage.from_args(args) if args.tts is not None else None
+    services = Services.create(
+        args, tokenizer, LocalLLM(llm),
+        LocalMultimodal(images) if images else None, LocalVocoder(vocoder) if vocoder else None,
+    )  # fmt: skip
     services.closers += [
         stage.close,
         llm.shutdown,

@@ -7,9 +7,7 @@ compare the graph against.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from serve_app.codecs.orpheus import OrpheusLayout
@@ -90,17 +88,12 @@ class LocalMultimodal:
 class LocalVocoder:
     def __init__(self, stage: VocoderStage) -> None:
         self._stage = stage
-        # One thread, as one vocoder replica has: torch runs the decode outside the GIL.
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="vocoder")
 
     async def decode(self, request: VocodeRequest) -> AudioChunk:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._stage.decode, request)
+        return await self._stage.decode_async(request)
 
     async def check_health(self) -> None:
         return None
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 class LocalLLM:

@@ -1,17 +1,20 @@
 """Vocoder stage: codec frames to 16-bit PCM, in its own deployment.
 
 Decoding is the TTS path's CPU-heavy step (a SNAC frame costs tens of milliseconds on a core), so it
-runs apart from the ingress and the talker and scales by replicas. The methods are synchronous: the
-deployment calls them in a worker thread so its event loop keeps answering health checks, and may
-batch requests whose frame counts match into one decoder call.
+runs apart from the ingress and the talker and scales by replicas. `decode_async` runs the
+synchronous `decode` in the stage's one worker thread (torch decodes outside the GIL), so the caller's
+event loop keeps answering health checks; more throughput means more replicas, not threads.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from serve_app.audio_formats import pcm16
 from serve_app.codecs.snac import CodecDecoder, SnacDecoder
+from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError
 from serve_app.messages import AudioChunk, VocodeRequest
 
@@ -19,10 +22,32 @@ from serve_app.messages import AudioChunk, VocodeRequest
 class VocoderStage:
     def __init__(self, decoder: CodecDecoder) -> None:
         self._decoder = decoder
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="vocoder")
 
     @classmethod
     def from_path(cls, path: str, threads: int = 1) -> VocoderStage:
         return cls(SnacDecoder(path, threads))
+
+    @classmethod
+    def from_args(cls, args: AppArgs) -> VocoderStage:
+        if args.tts is None:
+            raise ValueError("the vocoder stage needs a `tts` block in the app args")
+        stage = cls.from_path(args.tts.codec, args.tts.codec_threads)
+        # The ingress sizes requests and labels audio with these before any chunk comes back.
+        decoder = stage._decoder
+        if (decoder.sample_rate, decoder.samples_per_frame) != (args.tts.sample_rate, args.tts.samples_per_frame):
+            raise ValueError(
+                f"codec {args.tts.codec} makes {decoder.samples_per_frame} samples per frame at "
+                f"{decoder.sample_rate} Hz; tts.sample_rate and tts.samples_per_frame say "
+                f"{args.tts.samples_per_frame} at {args.tts.sample_rate} Hz"
+            )
+        return stage
+
+    async def decode_async(self, request: VocodeRequest) -> AudioChunk:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.decode, request)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def sample_rate(self) -> int:

@@ -76,11 +76,16 @@ def graph(tiny_model: Path, tiny_vision_model: Path, tiny_tts_model: Path) -> It
         ray.shutdown()
 
 
-@pytest.fixture(scope="session")
-def client(graph: str) -> Any:
+def openai_client(base_url: str) -> Any:
+    """A sync `openai` client of one application of the graph: no retries, so failures show."""
     from openai import OpenAI
 
-    return OpenAI(base_url=f"{graph}/v1", api_key="unused", max_retries=0, timeout=60)
+    return OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def client(graph: str) -> Any:
+    return openai_client(graph)
 
 
 @pytest.fixture(scope="session")
@@ -92,16 +97,12 @@ def aclient(graph: str) -> Any:
 
 @pytest.fixture(scope="session")
 def vision_client(graph: str) -> Any:
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{graph}{VISION_PREFIX}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(graph + VISION_PREFIX)
 
 
 @pytest.fixture(scope="session")
 def tts_client(graph: str) -> Any:
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{graph}{TTS_PREFIX}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(graph + TTS_PREFIX)
 
 
 @pytest.fixture(scope="session")

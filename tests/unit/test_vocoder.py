@@ -93,3 +93,22 @@ def test_bad_requests_are_400(stage: VocoderStage, frames: list[list[int]], cont
         stage.decode_batch([VocodeRequest(random_frames(1, seed=10), 0), VocodeRequest(frames, context)])
     assert info.value.status_code == 400
     assert info.value.param == "frames"
+
+
+async def test_decode_async_matches_decode(stage: VocoderStage) -> None:
+    request = VocodeRequest(random_frames(2, seed=5), context=1)
+    assert (await stage.decode_async(request)).pcm == stage.decode(request).pcm
+
+
+def test_from_args_checks_the_codec_against_the_config() -> None:
+    from serve_app.config import parse_app_args
+
+    model = {"path": str(tiny_orpheus_path()), "max_model_len": 256}
+    tts = {"codec": str(tiny_orpheus_path() / "snac"), "voices": ["tara"]}
+    stage = VocoderStage.from_args(parse_app_args({"model": model, "tts": tts}))
+    assert stage.sample_rate == 24_000
+    stage.close()
+    with pytest.raises(ValueError, match=r"tts\.sample_rate"):
+        VocoderStage.from_args(parse_app_args({"model": model, "tts": tts | {"sample_rate": 16_000}}))
+    with pytest.raises(ValueError, match="tts"):
+        VocoderStage.from_args(parse_app_args({"model": model}))
