@@ -97,6 +97,14 @@ class LimitsConfig(_Strict):
     max_request_bytes: int = Field(
         default=32 * 2**20, ge=1024, le=2**31, description="Largest HTTP request body, images included."
     )
+    max_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="Largest `max_tokens`/`max_completion_tokens` accepted (400 above), and the budget of a "
+        "request that gives none; unset: what the context leaves after the prompt (prompts themselves are "
+        "bounded by `model.max_model_len`).",
+    )
 
 
 class ImageFetchConfig(_Strict):
@@ -207,6 +215,13 @@ class AuthConfig(_Strict):
         default=None,
         description="Environment variable (of the ingress replica) holding more keys, comma-separated: keeps "
         "them out of the YAML.",
+    )
+    max_concurrent_per_key: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Requests (streams included, held until their last byte) one key may have in progress on "
+        "one ingress replica; more get 429 + Retry-After. Only with keys configured; unset: no limit.",
     )
 
 

@@ -86,3 +86,11 @@ class OverloadedError(ServiceUnavailableError):
 class PayloadTooLargeError(OpenAIError):
     status_code = 413
     error_type = "BadRequestError"
+
+
+class RateLimitError(OpenAIError):
+    """A client over its own share (`auth.max_concurrent_per_key`); it should retry after `retry_after_s`."""
+
+    status_code = 429
+    error_type = "RateLimitError"
+    retry_after_s = 1

@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -113,7 +114,8 @@ def create_app(services: Services) -> FastAPI:
 
     app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=services.args.limits.max_request_bytes)
-    app.add_middleware(ApiKeyAuth, keys=load_keys(services.args.auth))
+    auth = services.args.auth
+    app.add_middleware(ApiKeyAuth, keys=load_keys(auth), max_concurrent_per_key=auth.max_concurrent_per_key)
     app.add_middleware(_RequestMetrics, services=services)
 
     @app.exception_handler(OpenAIError)
@@ -127,6 +129,15 @@ def create_app(services: Services) -> FastAPI:
             {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}},
             status_code=400,
         )
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        # FastAPI's own 4xx (a body that is not UTF-8 or nests too deep, unknown route, wrong method)
+        # in the OpenAI shape rather than `{"detail": ...}`.
+        message = "The request body is not valid JSON." if exc.status_code == 400 else str(exc.detail)
+        error = {"message": message, "type": "BadRequestError" if exc.status_code < 500 else "InternalServerError",
+                 "param": None, "code": exc.status_code}  # fmt: skip
+        return JSONResponse({"error": error}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -3,6 +3,10 @@
 Keys come from the config (`auth.api_keys`, pydantic SecretStr, so they never show in logs or
 reprs) and from an environment variable of the ingress replica (`auth.api_keys_env`). Every key is
 compared in constant time, so response timing says nothing about how much of a guess was right.
+
+With `auth.max_concurrent_per_key`, each key may have that many requests in progress on this
+replica; the slot is held until the response's last byte (this is pure ASGI, so a stream holds it
+for its whole length), and a request over the limit gets 429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.config import AuthConfig
-from serve_app.errors import AuthenticationError
+from serve_app.errors import AuthenticationError, OpenAIError, RateLimitError
 
 # Probes (load balancers, Kubernetes, Ray Serve's own checks) carry no credentials.
 OPEN_PATHS = frozenset({"/health"})
@@ -28,25 +32,47 @@ def load_keys(config: AuthConfig) -> list[bytes]:
 
 
 class ApiKeyAuth:
-    def __init__(self, app: ASGIApp, keys: list[bytes]) -> None:
+    def __init__(self, app: ASGIApp, keys: list[bytes], max_concurrent_per_key: int | None = None) -> None:
         self.app = app
         self.keys = keys
+        self.max_concurrent = max_concurrent_per_key
+        # Requests in progress per key, by the key's position in `keys`: the keys themselves stay out of it.
+        self.in_flight = [0] * len(keys)
 
-    def _allowed(self, header: bytes | None) -> bool:
+    def _key_index(self, header: bytes | None) -> int | None:
         scheme, _, token = (header or b"").partition(b" ")
-        if scheme.lower() != b"bearer":
-            return False
+        token = token.strip()
         # All keys are compared, also after a match: the time taken does not depend on which matched.
-        return sum(hmac.compare_digest(token.strip(), key) for key in self.keys) > 0
+        matches = [hmac.compare_digest(token, key) for key in self.keys]
+        if scheme.lower() != b"bearer" or not any(matches):
+            return None
+        return matches.index(True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        if not self._allowed(dict(scope["headers"]).get(b"authorization")):
-            error = AuthenticationError(
-                "Incorrect or missing API key: send `Authorization: Bearer <key>`.", code="invalid_api_key"
-            )
-            await JSONResponse(error.to_dict(), status_code=error.status_code)(scope, receive, send)
+        index = self._key_index(dict(scope["headers"]).get(b"authorization"))
+        if index is None:
+            message = "Incorrect or missing API key: send `Authorization: Bearer <key>`."
+            await _reject(AuthenticationError(message, code="invalid_api_key"), scope, receive, send)
             return
-        await self.app(scope, receive, send)
+        if self.max_concurrent is not None and self.in_flight[index] >= self.max_concurrent:
+            busy = RateLimitError(
+                f"This API key already has {self.max_concurrent} requests in progress "
+                "(auth.max_concurrent_per_key); retry when one has finished.",
+                code="too_many_concurrent_requests",
+            )
+            await _reject(busy, scope, receive, send, {"Retry-After": str(busy.retry_after_s)})
+            return
+        self.in_flight[index] += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight[index] -= 1
+
+
+async def _reject(
+    error: OpenAIError, scope: Scope, receive: Receive, send: Send, headers: dict[str, str] | None = None
+) -> None:
+    await JSONResponse(error.to_dict(), status_code=error.status_code, headers=headers)(scope, receive, send)

@@ -129,6 +129,10 @@ def check_limits(services: Services, request: SamplingRequest, logprobs: int | N
         raise BadRequestError(f"n must be at most {limits.max_n}, got {request.n}.", param="n")
     if logprobs is not None and logprobs > limits.max_logprobs:
         raise BadRequestError(f"logprobs must be at most {limits.max_logprobs}, got {logprobs}.", param="logprobs")
+    if limits.max_tokens is not None and request.max_tokens is not None and request.max_tokens > limits.max_tokens:
+        raise BadRequestError(
+            f"max_tokens must be at most {limits.max_tokens}, got {request.max_tokens}.", param="max_tokens"
+        )
 
 
 async def process_images(services: Services, urls: list[str]) -> tuple[list[ProcessedImage], dict[str, float]]:
@@ -165,8 +169,10 @@ async def start_stream(
         prompt, add_special_tokens, request.truncate_prompt_tokens, request.max_tokens,
         image_tokens=[image.num_tokens for image in images],
     )  # fmt: skip
+    cap = services.args.limits.max_tokens  # `limits.max_tokens` also bounds requests that set none
     stream = await start_generation(
-        services, tokenize, lambda max_tokens: request.sampling_spec(max_tokens, logprobs), request_id, images
+        services, tokenize, lambda budget: request.sampling_spec(min(budget, cap or budget), logprobs), request_id,
+        images
     )
     stream.timings |= timings
     return stream

@@ -2,6 +2,13 @@
 
 Strict and closed: a string where a number belongs, an unknown field or an out-of-range value is a
 client mistake that OpenAI answers with 400, and so do we (see `app.py`'s validation handler).
+
+Unknown fields are rejected as OpenAI does ("Unrecognized request argument"), not ignored as vLLM's
+server does: a misspelt `max_token` or `temprature` silently ignored gives the client a different
+request than it asked for. The vLLM extensions we implement are declared fields, so they still work.
+NaN and infinity (Python's JSON parser accepts `NaN`, `Infinity` and overflowing `1e400`) are
+rejected everywhere, and so is text that is not valid Unicode (lone surrogates from `\ud800`
+escapes), which the tokenizers cannot encode.
 """
 
 from __future__ import annotations
@@ -17,7 +24,42 @@ INT64_MAX = 2**63 - 1
 
 
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+
+def _invalid_text(value: Any, path: str) -> str | None:
+    """The path of the first string in `value` that UTF-8 cannot encode, if any."""
+    if isinstance(value, str):
+        if value.isascii():
+            return None
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path or "<body>"
+        return None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _invalid_text(key, path) or _invalid_text(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+class OpenAIRequest(OpenAIModel):
+    """A whole request body: its text is checked once here, before any field is validated."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        path = _invalid_text(data, "")
+        if path is not None:
+            raise ValueError(f"{path}: text is not valid Unicode (a lone surrogate)")
+        return data
 
 
 class StreamOptions(OpenAIModel):
@@ -25,7 +67,7 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool = False
 
 
-class SamplingRequest(OpenAIModel):
+class SamplingRequest(OpenAIRequest):
     """Fields common to chat and text completions: OpenAI's, plus vLLM's usual extensions."""
 
     model: str | None = Field(default=None, description="Served model name; the only one when omitted.")
@@ -37,7 +79,7 @@ class SamplingRequest(OpenAIModel):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64_MAX)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=INT64_MAX)]] | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)

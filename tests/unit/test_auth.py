@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from starlette.types import Message, Receive, Scope, Send
 
-from serve_app.config import AuthConfig, parse_app_args
+from serve_app.config import AuthConfig, ConfigError, parse_app_args
 from serve_app.ingress.app import create_app
-from serve_app.ingress.auth import load_keys
+from serve_app.ingress.auth import ApiKeyAuth, load_keys
 from serve_app.ingress.pipeline import Services
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
@@ -60,3 +64,90 @@ def test_keys_never_show_in_the_config_repr() -> None:
     assert "s3cret" not in repr(config) and "s3cret" not in str(config.model_dump())
     assert load_keys(config) == [b"s3cret"]
     assert load_keys(AuthConfig.model_validate({"api_keys_env": "UNSET_VARIABLE_FOR_TEST"})) == []
+
+
+def test_every_route_but_health_needs_a_key(secured: TestClient) -> None:
+    routes = [
+        (route.path, method)
+        for route in secured.app.routes  # type: ignore[attr-defined]
+        for method in getattr(route, "methods", None) or ["GET"]
+    ]
+    assert {"/v1/chat/completions", "/v1/audio/speech", "/openapi.json", "/docs", "/metrics"} <= {p for p, _ in routes}
+    for path, method in routes:
+        response = secured.request(method, path, json={})
+        if path == "/health":
+            assert response.status_code != 401
+        else:
+            assert response.status_code == 401, (method, path)
+            assert method == "HEAD" or response.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_keys_never_appear_in_logs(secured: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    secured.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer yaml-key-wrong"})
+    secured.post("/v1/chat/completions", json=CHAT, headers={"Authorization": "Bearer yaml-key"})
+    secured.post("/v1/chat/completions", json={"bad": 1}, headers={"Authorization": "Bearer env-key-1"})
+    assert caplog.records  # something was logged, and none of it is a key
+    for secret in ("yaml-key", "env-key-1", "env-key-2"):
+        assert secret not in caplog.text
+
+
+def _app_with_limit(limit: int | None) -> tuple[ApiKeyAuth, asyncio.Event]:
+    release = asyncio.Event()
+
+    async def slow_stream(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first", "more_body": True})
+        await release.wait()  # the stream stays open until the test lets it finish
+        await send({"type": "http.response.body", "body": b"last"})
+
+    return ApiKeyAuth(slow_stream, [b"k1", b"k2"], max_concurrent_per_key=limit), release
+
+
+async def _call(app: ApiKeyAuth, key: str) -> tuple[int, dict[bytes, bytes], bytes]:
+    scope = {"type": "http", "path": "/v1/chat/completions", "headers": [(b"authorization", f"Bearer {key}".encode())]}
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], dict(sent[0].get("headers", [])), body
+
+
+async def test_concurrent_requests_per_key_are_limited_for_the_whole_stream() -> None:
+    app, release = _app_with_limit(2)
+    streams = [asyncio.create_task(_call(app, "k1")) for _ in range(2)]
+    await asyncio.sleep(0.01)  # both streams have started and hold their slots
+    status, headers, body = await _call(app, "k1")
+    assert (status, headers[b"retry-after"]) == (429, b"1")
+    error = json.loads(body)["error"]
+    assert (error["type"], error["code"]) == ("RateLimitError", "too_many_concurrent_requests")
+    assert "k1" not in body.decode()
+    other = asyncio.create_task(_call(app, "k2"))  # another key has its own slots
+    await asyncio.sleep(0.01)
+    assert not other.done()
+    release.set()
+    assert [(await task)[0] for task in [*streams, other]] == [200, 200, 200]
+    assert app.in_flight == [0, 0]
+    assert (await _call(app, "k1"))[0] == 200  # slots are given back when a stream ends
+
+
+async def test_no_concurrency_limit_by_default() -> None:
+    app, release = _app_with_limit(None)
+    streams = [asyncio.create_task(_call(app, "k1")) for _ in range(20)]
+    await asyncio.sleep(0.01)
+    release.set()
+    assert {(await task)[0] for task in streams} == {200}
+
+
+def test_the_limit_is_read_from_the_config(raw_args: dict[str, Any]) -> None:
+    args = parse_app_args(raw_args | {"auth": {"api_keys": ["a"], "max_concurrent_per_key": 3}})
+    assert args.auth.max_concurrent_per_key == 3
+    assert parse_app_args(raw_args).auth.max_concurrent_per_key is None
+    with pytest.raises(ConfigError, match=r"auth\.max_concurrent_per_key"):
+        parse_app_args(raw_args | {"auth": {"max_concurrent_per_key": 0}})

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from serve_app.ingress.protocol import SamplingRequest
+from serve_app.ingress.protocol import INT64_MAX, SamplingRequest
 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
-    best_of: int | None = Field(default=None, ge=1)
+    best_of: int | None = Field(default=None, ge=1, le=INT64_MAX)
     suffix: str | None = None
     add_special_tokens: bool = True
 

@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from serve_app.ingress.protocol import OpenAIModel
+from serve_app.ingress.protocol import OpenAIRequest
 
 
-class SpeechRequest(OpenAIModel):
+class SpeechRequest(OpenAIRequest):
     model: str | None = Field(default=None, description="Served model name; the only one when omitted.")
     input: str = Field(min_length=1, description="The text to speak.")
     voice: str = Field(min_length=1, description="One of the voices in the config's `tts.voices`.")

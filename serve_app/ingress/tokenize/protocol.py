@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, Field, model_validator
 
-from serve_app.ingress.chat.protocol import ChatMessage
-from serve_app.ingress.protocol import OpenAIModel
+from serve_app.ingress.chat.protocol import ChatMessage, ChatTemplateKwargs
+from serve_app.ingress.protocol import OpenAIRequest
 
 
-class TokenizeRequest(OpenAIModel):
+class TokenizeRequest(OpenAIRequest):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -33,7 +31,7 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
-class DetokenizeRequest(OpenAIModel):
+class DetokenizeRequest(OpenAIRequest):
     model: str | None = None
     tokens: list[int] = Field(min_length=0)
 
