@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from ray.serve.exceptions import BackPressureError
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from serve_app.codecs.orpheus import OrpheusLayout
-from serve_app.errors import OverloadedError
+from serve_app.errors import EngineDeadError, OverloadedError, StageUnavailableError, find_openai_error
 from serve_app.messages import (
     AudioChunk,
     GenerateRequest,
@@ -26,19 +27,41 @@ def _overloaded(stage: str, exc: BackPressureError) -> OverloadedError:
     return OverloadedError(f"The {stage} stage is at capacity; retry later. ({exc})", code="overloaded")
 
 
+# What a call raises when the replica serving it dies or drops off mid-call (ActorDiedError and, over
+# Serve's gRPC transport, ActorUnavailableError are RayActorErrors). Ray's own message names an actor
+# id, not a stage, and Starlette would answer it with a plain-text 500.
+_REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
+
+# Told (stage, detail) when a call finds its stage broken, so `/health` turns red at once.
+OnStageLost = Callable[[str, str], None]
+
+
+def _stage_lost(stage: str, exc: BaseException, on_lost: OnStageLost | None) -> StageUnavailableError:
+    detail = f"replica lost mid-call: {type(exc).__name__}"
+    if on_lost is not None:
+        on_lost(stage, detail)
+    return StageUnavailableError(
+        f"The {stage} stage failed during the request ({detail}); it is being restarted, retry shortly.",
+        code="stage_unavailable",
+    )
+
+
 class _UnaryHandle:
     """A stage called one request, one response; a full stage becomes a 503 with Retry-After."""
 
     stage = ""
 
-    def __init__(self, handle: DeploymentHandle[Any]) -> None:
+    def __init__(self, handle: DeploymentHandle[Any], on_lost: OnStageLost | None = None) -> None:
         self._handle = handle
+        self._on_lost = on_lost
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
             return await getattr(self._handle, method).remote(*args)
         except BackPressureError as exc:
             raise _overloaded(self.stage, exc) from exc
+        except _REPLICA_LOST as exc:
+            raise _stage_lost(self.stage, exc, self._on_lost) from exc
 
     async def check_health(self) -> None:
         await self._call("ping")
@@ -76,19 +99,35 @@ class HandleVocoder(_UnaryHandle):
 
 
 class HandleLLM:
-    def __init__(self, handle: DeploymentHandle[Any]) -> None:
+    def __init__(self, handle: DeploymentHandle[Any], on_lost: OnStageLost | None = None) -> None:
         self._handle = handle
         self._stream = handle.options(stream=True)
+        self._on_lost = on_lost
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         try:
             response = self._stream.generate.remote(request)
             # options(stream=True) makes this a generator; Serve's return type is a union.
             assert isinstance(response, DeploymentResponseGenerator)
-            async for chunk in response:
-                yield chunk
+            try:
+                async for chunk in response:
+                    yield chunk
+            except GeneratorExit:
+                # Closed before its end (deadline, a sibling prompt failed): cancel the call in the
+                # replica now, which closes the engine's generator. Serve does that by itself only when
+                # the whole HTTP request is cancelled (client disconnect).
+                response.cancel()
+                raise
         except BackPressureError as exc:
             raise _overloaded("llm", exc) from exc
+        except _REPLICA_LOST as exc:
+            raise _stage_lost("llm", exc, self._on_lost) from exc
+        except Exception as exc:
+            # The engine died or hung (watchdog) after the first chunk: only this call sees it.
+            error = find_openai_error(exc)
+            if isinstance(error, EngineDeadError) and self._on_lost is not None:
+                self._on_lost("llm", error.message[:300])
+            raise
 
     async def check_health(self) -> None:
         try:

@@ -31,12 +31,16 @@ class Ingress:
         multimodal: DeploymentHandle[Any] | None = None,
         vocoder: DeploymentHandle[Any] | None = None,
     ) -> None:
+        def stage_lost(stage: str, detail: str) -> None:
+            # Called only once requests flow, after `self._services` exists.
+            self._services.health.mark_failed(stage, detail)
+
         self._services = Services.create(
             args,
-            HandleTokenizer(tokenizer),
-            HandleLLM(llm),
-            HandleMultimodal(multimodal) if multimodal is not None else None,
-            HandleVocoder(vocoder) if vocoder is not None else None,
+            HandleTokenizer(tokenizer, stage_lost),
+            HandleLLM(llm, stage_lost),
+            HandleMultimodal(multimodal, stage_lost) if multimodal is not None else None,
+            HandleVocoder(vocoder, stage_lost) if vocoder is not None else None,
         )
 
     def __serve_build_asgi_app__(self) -> FastAPI:

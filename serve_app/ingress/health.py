@@ -2,7 +2,7 @@
 
 A probe of `/health` reads the last result instead of calling every stage, so probes cost nothing
 downstream and stay fast under load, while a dead engine still turns `/health` red within one poll
-interval (or at once, when a request sees the engine die).
+interval (or at once, when a request sees a stage's replica or the engine die).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ Check = Callable[[], Awaitable[None]]
 class StageHealth:
     ok: bool
     detail: str
+    # When the check started (or the failure was seen): a poll that began before a request saw the
+    # stage die must not paint it green again.
     checked_at: float
 
 
@@ -43,7 +45,10 @@ class HealthMonitor:
     async def poll_once(self) -> None:
         names = list(self._checks)
         results = await asyncio.gather(*(self._check(n) for n in names))
-        self._status.update(zip(names, results, strict=True))
+        for name, result in zip(names, results, strict=True):
+            previous = self._status.get(name)
+            if previous is None or result.checked_at >= previous.checked_at:
+                self._status[name] = result
 
     def mark_failed(self, stage: str, detail: str) -> None:
         self._status[stage] = StageHealth(False, detail, time.monotonic())
@@ -61,10 +66,11 @@ class HealthMonitor:
             await asyncio.sleep(self._interval_s)
 
     async def _check(self, name: str) -> StageHealth:
+        started = time.monotonic()
         try:
             await asyncio.wait_for(self._checks[name](), self._timeout_s)
         except asyncio.TimeoutError:
-            return StageHealth(False, f"no answer within {self._timeout_s} s", time.monotonic())
+            return StageHealth(False, f"no answer within {self._timeout_s} s", started)
         except Exception as exc:  # any failure of a stage's check is that stage being unhealthy
-            return StageHealth(False, f"{type(exc).__name__}: {exc}"[:300], time.monotonic())
-        return StageHealth(True, "ok", time.monotonic())
+            return StageHealth(False, f"{type(exc).__name__}: {exc}"[:300], started)
+        return StageHealth(True, "ok", started)

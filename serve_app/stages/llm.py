@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, EngineDeadError, ServiceUnavailableError
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
+from serve_app.stages.engine_watchdog import EngineWatchdog
 
 # JSON has no -inf; vLLM's OpenAI server uses the same floor.
 _LOGPROB_FLOOR = -9999.0
@@ -157,8 +158,11 @@ def to_chunk(output: Any, spec: SamplingSpec) -> GenerationChunk:
 class LLMStage:
     """Runs generation requests on one engine."""
 
-    def __init__(self, engine: Engine, audio_token_ids: list[int] | None = None) -> None:
+    def __init__(
+        self, engine: Engine, audio_token_ids: list[int] | None = None, *, watchdog: EngineWatchdog | None = None
+    ) -> None:
         self._engine = engine
+        self._watchdog = watchdog if watchdog is not None else EngineWatchdog(None)
         self._audio_token_ids = audio_token_ids
 
     @classmethod
@@ -174,7 +178,7 @@ class LLMStage:
             )
             layout = OrpheusLayout.from_tokenizer(tokenizer)
             audio_token_ids = [*layout.audio_token_ids(), layout.stop_id]
-        return cls(build_engine(args), audio_token_ids)
+        return cls(build_engine(args), audio_token_ids, watchdog=EngineWatchdog(args.engine.watchdog_timeout_s))
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         from vllm.inputs import TokensPrompt
@@ -189,7 +193,7 @@ class LLMStage:
         # generator is closed now, which aborts the request in the engine, not whenever GC runs.
         try:
             async with aclosing(self._engine.generate(prompt, params, request.request_id)) as outputs:
-                async for output in outputs:
+                while (output := await self._watchdog.next_output(outputs)) is not None:
                     yield to_chunk(output, request.sampling)
         except VLLMEngineDeadError as exc:
             raise EngineDeadError(f"The engine died: {exc}") from exc
@@ -197,6 +201,7 @@ class LLMStage:
             raise BadRequestError(str(exc)) from exc
 
     async def check_health(self) -> None:
+        self._watchdog.check()
         try:
             await self._engine.check_health()
         except Exception as exc:

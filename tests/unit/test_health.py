@@ -133,3 +133,28 @@ async def test_any_exception_is_unhealthy(error: Exception) -> None:
     m = monitor(llm=Check(error))
     await m.poll_once()
     assert m.report() == (False, {"llm": f"{type(error).__name__}: {error}"})
+
+
+class GatedCheck:
+    """Answers ok, but only once `release` is set."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self) -> None:
+        self.entered.set()
+        await self.release.wait()
+
+
+async def test_a_poll_begun_before_a_failure_does_not_hide_it() -> None:
+    gated = GatedCheck()
+    m = HealthMonitor({"llm": gated}, interval_s=60.0, timeout_s=5.0)
+    poll = asyncio.create_task(m.poll_once())
+    await asyncio.wait_for(gated.entered.wait(), 10)
+    m.mark_failed("llm", "replica lost mid-call: ActorDiedError")
+    gated.release.set()
+    await poll
+    assert m.report() == (False, {"llm": "replica lost mid-call: ActorDiedError"})
+    await m.poll_once()  # begun after the failure: a replacement answering turns it green
+    assert m.report() == (True, {"llm": "ok"})
