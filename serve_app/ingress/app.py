@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import OpenAIError, OverloadedError, find_openai_error
@@ -147,18 +147,18 @@ def create_app(services: Services) -> FastAPI:
             error = OpenAIError(f"Internal error: {type(exc).__name__}")
         return error_response(error)
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "A stage failed its last check (same body)."}})
     async def health() -> Response:
         ok, details = services.health.report()
         return JSONResponse({"status": "ok" if ok else "unhealthy", "stages": details},
                             status_code=200 if ok else 503)  # fmt: skip
 
-    @app.get("/v1/models", response_model=ModelList)
+    @app.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorResponse}})
     async def models() -> ModelList:
         cfg = services.args.model
         return ModelList(data=[ModelCard(id=cfg.name, root=cfg.path, max_model_len=cfg.max_model_len)])
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse, responses={401: {"model": ErrorResponse}})
     async def metrics() -> Response:
         body = services.metrics.render()
         try:
