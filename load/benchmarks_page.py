@@ -5,7 +5,8 @@ results/overhead_default.json results/bench/text-256-32-vllm/results.json result
 results/bench/text-256-32-interval8/results.json results/bench/image-1024/results.json
 results/bench/image-replicas/results.json results/bench/tts-120/results.json results/bench/text-rate-sweep/results.json
 results/bench/tts-120-retry-after/results.json results/ceiling.json results/tokenizer_throughput.json
-> docs/benchmarks.md` (the current page)
+> docs/benchmarks.md` (the current page); overload and soak runs (`results/overload/<name>/results.json`,
+`results/soak/<name>/results.json`, from `python -m load.overload` and `python -m load.soak`) get sections too.
 Each result file carries the command, date and machine that produced it (load/meta.py).
 """
 
@@ -16,6 +17,9 @@ import json
 import os
 from collections.abc import Callable
 from typing import Any
+
+import load.overload
+import load.soak
 
 HEADER = """# Benchmarks
 
@@ -141,12 +145,40 @@ def tokenizer_throughput(result: dict[str, Any]) -> list[str]:
     return [*lines, "", *_meta(result)]
 
 
+def overload(result: dict[str, Any]) -> list[str]:
+    """A `load.overload` run: capacity, then open-loop load at multiples of it."""
+    cfg = result["config"]
+    multipliers = ", ".join(f"{m:g}x" for m in cfg["multipliers"])
+    workload = f"{cfg['dataset']} {cfg['endpoint']}" + ("" if cfg["dataset"] == "tts" else f", {cfg['input_len']} in")
+    return [
+        f"## Overload: Poisson arrivals at {multipliers} capacity, {cfg['duration']:.0f} s each ({workload}, "
+        f"{result['target']['model']})",
+        "",
+        load.overload.markdown(result).strip(),
+        "",
+        *_meta(result),
+    ]
+
+
+def soak(result: dict[str, Any]) -> list[str]:
+    """A `load.soak` run: mixed traffic in windows, first against last."""
+    return [
+        f"## Soak: mixed text, image and speech traffic for {result['duration_s'] / 60:.0f} min",
+        "",
+        load.soak.markdown(result).strip(),
+        "",
+        *_meta(result),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "health_probe": health_probe,
     "overhead": overhead,
     "bench": bench,
     "ceiling": ceiling,
     "tokenizer_throughput": tokenizer_throughput,
+    "overload": overload,
+    "soak": soak,
 }
 
 

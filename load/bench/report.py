@@ -248,7 +248,8 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(results: dict[str, Any], out_dir: Path) -> None:
+def write(results: dict[str, Any], out_dir: Path, render: Callable[[dict[str, Any]], str] = markdown) -> None:
+    """results.json, and results.md as `render` writes it (other load tools pass their own)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(jsonable(results), indent=2) + "\n")
-    (out_dir / "results.md").write_text(markdown(results))
+    (out_dir / "results.md").write_text(render(results))

@@ -1,0 +1,121 @@
+"""Graceful shutdown under load, on a Ray cluster of its own (the shared session graph is left alone).
+
+`load.graph_launcher` serves the text application of the default config on a free port; streams are
+started, the launcher gets SIGTERM (what `serve run` and a process manager send), and then every stream
+must have either finished (`[DONE]` after a finish reason) or ended with an SSE error event, none may
+hang or stop short without a word, and the cluster must leave no process and no `/dev/shm` file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from tests.integration.support import APP, CONFIG, ROOT, graph_healthy, wait_for
+
+STREAMS = 3
+SHM = Path("/dev/shm")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stream_outcome(url: str, started: threading.Event, outcomes: list[str]) -> None:
+    """Appends how one stream ended: done, error (an SSE error event, then [DONE]), refused, truncated."""
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "count"}], "max_tokens": 2000,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    finished = errored = False
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=120) as response:
+            if response.status_code != 200:
+                outcomes.append(f"refused {response.status_code}")
+                return
+            for line in response.iter_lines():
+                data = line.removeprefix("data: ")
+                if not line.startswith("data: "):
+                    continue
+                started.set()
+                if data == "[DONE]":
+                    outcomes.append("error" if errored else "done" if finished else "done without a finish reason")
+                    return
+                event: dict[str, Any] = json.loads(data)
+                errored = errored or "error" in event
+                finished = finished or any(c.get("finish_reason") for c in event.get("choices", []))
+    except httpx.HTTPError as exc:
+        outcomes.append(f"truncated: {type(exc).__name__}")
+        return
+    outcomes.append("truncated: no [DONE]")
+
+
+def held_shm_files() -> set[str]:
+    """/dev/shm files some live process has open or mapped."""
+    held = set()
+    for proc in psutil.process_iter():
+        try:
+            held |= {Path(f.path).name for f in proc.open_files() if f.path.startswith("/dev/shm/")}
+            held |= {Path(m.path).name for m in proc.memory_maps(grouped=True) if m.path.startswith("/dev/shm/")}
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return held
+
+
+def test_sigterm_under_load_ends_streams_cleanly_and_leaves_nothing(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    shm_before = {p.name for p in SHM.iterdir()}
+    # Not the session cluster's address: the launcher starts a cluster of its own.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_USAGE_STATS_ENABLED": "0"}
+    log = (tmp_path / "launcher.log").open("w")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "load.graph_launcher", "--config", str(CONFIG), "--app", APP, "--port", str(port)],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    cluster: list[psutil.Process] = []
+    try:
+        wait_for(lambda: graph_healthy(url), 240, "the launched graph to be healthy")
+        cluster = psutil.Process(launcher.pid).children(recursive=True)
+        assert any("EngineCore" in " ".join(p.cmdline()) for p in cluster), [p.name() for p in cluster]
+        outcomes: list[str] = []
+        started = [threading.Event() for _ in range(STREAMS)]
+        threads = [threading.Thread(target=stream_outcome, args=(url, s, outcomes)) for s in started]
+        for thread in threads:
+            thread.start()
+        for event in started:
+            assert event.wait(60), "a stream never started"
+        assert len(outcomes) < STREAMS, f"streams ended before the signal: {outcomes}"
+        launcher.send_signal(signal.SIGTERM)
+        signalled_at = time.monotonic()
+        for thread in threads:
+            thread.join(timeout=90)
+        streams_ended_s = time.monotonic() - signalled_at
+        launcher.wait(timeout=90)
+        stopped_s = time.monotonic() - signalled_at
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)  # the process group this test started
+            launcher.wait()
+        log.close()
+    print(
+        f"[shutdown] streams {outcomes}: ended {streams_ended_s:.1f} s and the launcher {stopped_s:.1f} s after SIGTERM"
+    )
+    assert len(outcomes) == STREAMS and all(o in ("done", "error") for o in outcomes), (
+        f"{outcomes}; launcher log: {(tmp_path / 'launcher.log').read_text()[-3000:]}"
+    )
+    wait_for(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in cluster), 30,
+             "the cluster's processes to exit")  # fmt: skip
+    leaked = {p.name for p in SHM.iterdir()} - shm_before - held_shm_files()
+    assert not leaked, f"left in /dev/shm: {sorted(leaked)}"

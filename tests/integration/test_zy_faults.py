@@ -1,0 +1,246 @@
+"""Faults on the shared graph: a replica killed mid-request, an engine killed mid-stream, a hung engine.
+
+Each test breaks one stage, checks what the client sees (a 503 OpenAI error, or an SSE error event
+once a stream has begun, within seconds) and what `/health` says, then waits for Serve to replace the
+replica and for a new request to succeed, so the graph is healthy again when it returns. `zy` sorts
+these after the other tests and before `test_engine_death.py`. Recovery times are printed (`-s`) and
+are part of the assertion messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from ray._private import state
+
+from tests.integration.support import (
+    ALLOWED_LOOPBACK,
+    APP,
+    TTS_PREFIX,
+    VISION_APP,
+    VISION_PREFIX,
+    WATCHDOG_TIMEOUT_S,
+    graph_healthy,
+    wait_for,
+)
+from tests.integration.test_engine_death import engine_core_pid, health_status
+
+TTS_APP = "tts-app"
+# "Within a couple of seconds" of the fault, with room for a loaded 2-core machine.
+ERROR_WITHIN_S = 5.0
+RECOVERY_TIMEOUT_S = 240.0
+
+
+def replica_pids(app: str, deployment: str) -> list[int]:
+    return [int(a["Pid"]) for a in state.actors().values()
+            if a["ActorClassName"] == f"ServeReplica:{app}:{deployment}" and a["State"] == "ALIVE"]  # fmt: skip
+
+
+def replica_pid(app: str, deployment: str) -> int:
+    [pid] = replica_pids(app, deployment)
+    return pid
+
+
+def wait_recovered(base_url: str, app: str, deployment: str, old_pid: int, since: float) -> float:
+    """Seconds from `since` until Serve has a new replica in place of `old_pid` and `/health` is 200."""
+    wait_for(lambda: replica_pids(app, deployment) not in ([], [old_pid]) and graph_healthy(base_url),
+             RECOVERY_TIMEOUT_S, f"Serve to replace the {app} {deployment} replica")  # fmt: skip
+    return time.monotonic() - since
+
+
+def stage_detail(base_url: str, stage: str) -> str:
+    return str(httpx.get(f"{base_url}/health", timeout=5).json()["stages"][stage])
+
+
+def chat(base_url: str, model: str, **extra: Any) -> httpx.Response:
+    body = {"model": model, "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4} | extra
+    return httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=120)
+
+
+def record(name: str, **seconds: float) -> str:
+    line = f"[faults] {name}: " + ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items())
+    print(line)
+    return line
+
+
+def assert_stage_error(response: httpx.Response, code: str, *words: str) -> dict[str, Any]:
+    assert response.status_code == 503, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    error: dict[str, Any] = response.json()["error"]
+    assert error["code"] == code, error
+    assert error["type"] == "ServiceUnavailableError"
+    for word in words:
+        assert word in error["message"], error
+    return error
+
+
+@contextmanager
+def in_background(call: Callable[[], httpx.Response]) -> Iterator[Future[httpx.Response]]:
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(call)
+
+
+def test_zy_tokenizer_killed_mid_request(graph: str) -> None:
+    pid = replica_pid(APP, "tokenizer")
+    # Stopped first, so that the request is certainly inside the replica when it dies.
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with in_background(lambda: chat(graph, "tiny-chat")) as future:
+            time.sleep(2)
+            os.kill(pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            response = future.result(timeout=60)
+            failed_s = time.monotonic() - killed_at
+    finally:
+        if psutil.pid_exists(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert_stage_error(response, "stage_unavailable", "tokenizer")
+    assert stage_detail(graph, "tokenizer") != "ok"
+    recovered_s = wait_recovered(graph, APP, "tokenizer", pid, killed_at)
+    assert chat(graph, "tiny-chat").status_code == 200
+    line = record("tokenizer killed mid-request", error_after=failed_s, recovered_after=recovered_s)
+    assert failed_s < ERROR_WITHIN_S, line
+
+
+class _SlowImage(BaseHTTPRequestHandler):
+    """Answers after a while: the multimodal replica is busy fetching when it is killed."""
+
+    requested = threading.Event()
+
+    def do_GET(self) -> None:
+        type(self).requested.set()
+        time.sleep(4)
+        self.send_error(404)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture()
+def slow_image_url() -> Iterator[str]:
+    server = ThreadingHTTPServer((ALLOWED_LOOPBACK, 0), _SlowImage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _SlowImage.requested.clear()
+    yield f"http://{ALLOWED_LOOPBACK}:{server.server_address[1]}/slow.jpg"
+    server.shutdown()
+    server.server_close()
+
+
+def test_zy_multimodal_killed_mid_image_request(graph: str, slow_image_url: str) -> None:
+    vision = graph + VISION_PREFIX
+    pid = replica_pid(VISION_APP, "multimodal")
+    content = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": slow_image_url}}]
+    with in_background(lambda: chat(vision, "tiny-llava", messages=[{"role": "user", "content": content}])) as future:
+        assert _SlowImage.requested.wait(30), "the multimodal stage never fetched the image"
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        response = future.result(timeout=60)
+        failed_s = time.monotonic() - killed_at
+    assert_stage_error(response, "stage_unavailable", "multimodal")
+    assert stage_detail(vision, "multimodal") != "ok"
+    recovered_s = wait_recovered(vision, VISION_APP, "multimodal", pid, killed_at)
+    assert chat(vision, "tiny-llava").status_code == 200
+    line = record("multimodal killed mid-request", error_after=failed_s, recovered_after=recovered_s)
+    assert failed_s < ERROR_WITHIN_S, line
+
+
+def sse_events(response: httpx.Response) -> Iterator[dict[str, Any] | str]:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line.removeprefix("data: ")
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+def read_until_error(events: Iterator[dict[str, Any] | str]) -> tuple[dict[str, Any], float]:
+    """The stream's error event (it must end with one, then [DONE]) and when it arrived."""
+    error: dict[str, Any] | None = None
+    for event in events:
+        if event == "[DONE]":
+            break
+        if isinstance(event, dict) and "error" in event:
+            error = event["error"]
+            at = time.monotonic()
+    assert error is not None, "the stream ended without an error event"
+    return error, at
+
+
+def test_zy_vocoder_killed_mid_speech_stream(graph: str) -> None:
+    tts = graph + TTS_PREFIX
+    pid = replica_pid(TTS_APP, "vocoder")
+    body = {"model": "tiny-orpheus", "voice": "tara", "input": "A long enough sentence to speak for a while. " * 4,
+            "stream": True, "stream_format": "sse", "response_format": "pcm"}  # fmt: skip
+    with httpx.stream("POST", f"{tts}/v1/audio/speech", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        events = sse_events(response)
+        first = next(events)
+        assert isinstance(first, dict) and first["type"] == "speech.audio.delta", first
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        error, at = read_until_error(events)
+    failed_s = at - killed_at
+    assert error["code"] == "stage_unavailable" and "vocoder" in error["message"], error
+    recovered_s = wait_recovered(tts, TTS_APP, "vocoder", pid, killed_at)
+    speech = httpx.post(f"{tts}/v1/audio/speech", json=body | {"stream": False, "input": "hi"}, timeout=120)
+    assert speech.status_code == 200
+    line = record("vocoder killed mid speech stream", error_after=failed_s, recovered_after=recovered_s)
+    assert failed_s < ERROR_WITHIN_S, line
+
+
+def test_zy_engine_killed_mid_stream(graph: str) -> None:
+    replica = replica_pid(APP, "llm")
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "count"}], "max_tokens": 3000,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    with httpx.stream("POST", f"{graph}/v1/chat/completions", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        events = sse_events(response)
+        for _ in range(3):
+            assert isinstance(next(events), dict)
+        os.kill(engine_core_pid(replica), signal.SIGKILL)
+        killed_at = time.monotonic()
+        error, at = read_until_error(events)
+    failed_s = at - killed_at
+    assert "engine died" in error["message"], error
+    assert error["type"] == "ServiceUnavailableError"
+    assert health_status(graph) == 503
+    recovered_s = wait_recovered(graph, APP, "llm", replica, killed_at)
+    assert chat(graph, "tiny-chat").status_code == 200
+    line = record("engine killed mid-stream", error_after=failed_s, recovered_after=recovered_s)
+    assert failed_s < ERROR_WITHIN_S, line
+
+
+def test_zy_hung_engine_is_detected_and_replaced(graph: str) -> None:
+    vision = graph + VISION_PREFIX
+    replica = replica_pid(VISION_APP, "llm")
+    core = engine_core_pid(replica)
+    os.kill(core, signal.SIGSTOP)  # alive, not progressing
+    stopped_at = time.monotonic()
+    try:
+        with in_background(lambda: chat(vision, "tiny-llava", max_tokens=64)) as future:
+            response = future.result(timeout=60)
+            failed_s = time.monotonic() - stopped_at
+        assert_stage_error(response, "engine_hung", "hung")
+        # Refused at once: Serve keeps the replica in rotation until its health check has failed 3 times.
+        assert_stage_error(chat(vision, "tiny-llava"), "engine_hung", "hung")
+        wait_for(lambda: health_status(vision) == 503, 10, "/health to report the hung engine")
+        assert "hung" in stage_detail(vision, "llm")
+        detected_s = time.monotonic() - stopped_at
+        recovered_s = wait_recovered(vision, VISION_APP, "llm", replica, stopped_at)
+    finally:
+        if psutil.pid_exists(core):
+            os.kill(core, signal.SIGKILL)  # a stopped process ignores the SIGTERM of a shutdown
+    assert chat(vision, "tiny-llava").status_code == 200
+    line = record("engine hung (SIGSTOP)", request_failed_after=failed_s, health_red_after=detected_s,
+                  recovered_after=recovered_s)  # fmt: skip
+    assert WATCHDOG_TIMEOUT_S <= failed_s < WATCHDOG_TIMEOUT_S + 2 * ERROR_WITHIN_S, line
