@@ -24,7 +24,9 @@ from serve_app.messages import (
 
 
 def _overloaded(stage: str, exc: BackPressureError) -> OverloadedError:
-    return OverloadedError(f"The {stage} stage is at capacity; retry later. ({exc})", code="overloaded")
+    return OverloadedError(
+        f"The {stage} stage is at capacity; retry later. ({exc})", code="overloaded", stage=stage, reason="stage_full"
+    )
 
 
 # What a call raises when the replica serving it dies or drops off mid-call (ActorDiedError and, over
@@ -116,7 +118,7 @@ class HandleLLM:
                 # Closed before its end (deadline, a sibling prompt failed): cancel the call in the
                 # replica now, which closes the engine's generator. Serve does that by itself only when
                 # the whole HTTP request is cancelled (client disconnect).
-                response.cancel()
+                response.cancel()  # type: ignore[no-untyped-call]
                 raise
         except BackPressureError as exc:
             raise _overloaded("llm", exc) from exc

@@ -77,6 +77,22 @@ class EngineConfig(_Strict):
         description="vLLM's own model code, or its Transformers backend. The CPU vision config needs "
         "`transformers`: vLLM's LLaVA code imports torchvision, which has no CPU build for this torch.",
     )
+    watchdog_timeout_s: float | None = Field(
+        default=60.0,
+        ge=1.0,
+        le=3600.0,
+        description="Engine hang watchdog: with requests waiting on the engine and no output from it for this "
+        "long, the llm stage declares the engine hung: its requests fail with 503, its health check fails (Serve "
+        "replaces the replica). Longer than the slowest prefill the engine may run; null turns it off.",
+    )
+    max_waiting_requests: int = Field(
+        default=256,
+        ge=0,
+        le=1_000_000,
+        description="Sequences that may wait for one of the engine's `max_num_seqs` slots (a request with `n` "
+        "choices counts `n`); beyond that the llm stage answers 503/429 with Retry-After (reason "
+        "`engine_queue_full`) instead of queueing. On top of the llm deployment's `max_queued_requests`.",
+    )
 
 
 class TokenizerStageConfig(_Strict):
@@ -104,6 +120,20 @@ class LimitsConfig(_Strict):
         description="Largest `max_tokens`/`max_completion_tokens` accepted (400 above), and the budget of a "
         "request that gives none; unset: what the context leaves after the prompt (prompts themselves are "
         "bounded by `model.max_model_len`).",
+    )
+    request_timeout_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=86_400.0,
+        description="Deadline of a generation request (chat, completions, speech) when it sends no "
+        "`X-Request-Timeout` header; unset: none. Past it every stage stops work on the request: 504 "
+        "`deadline_exceeded`, or an error event when the stream has started.",
+    )
+    max_request_timeout_s: float = Field(
+        default=3600.0,
+        gt=0.0,
+        le=86_400.0,
+        description="Cap on the `X-Request-Timeout` header: a larger value is lowered to this.",
     )
 
 
@@ -225,6 +255,17 @@ class AuthConfig(_Strict):
     )
 
 
+class AdmissionConfig(_Strict):
+    """How the ingress answers a request it does not admit: a stage at its queue limit (`stage_full`),
+    the engine's waiting queue full (`engine_queue_full`), `tts.max_streams` speech streams
+    (`max_streams`)."""
+
+    status_code: Literal[503, 429] = Field(
+        default=503, description="HTTP status of a rejection: 503 (server busy) or 429 (clients that back off on it)."
+    )
+    retry_after_s: int = Field(default=1, ge=0, le=3600, description="`Retry-After` header of a rejection, in seconds.")
+
+
 class HealthConfig(_Strict):
     poll_interval_s: float = Field(
         default=2.0, gt=0.0, le=60.0, description="How often the ingress checks the stages in the background."
@@ -248,6 +289,9 @@ class AppArgs(_Strict):
         default=None, description="Text-to-speech with an Orpheus-style talker; leave out for other models."
     )
     health: HealthConfig = Field(default_factory=HealthConfig, description="Background health checks.")
+    admission: AdmissionConfig = Field(
+        default_factory=AdmissionConfig, description="Status and Retry-After of requests refused under load."
+    )
     auth: AuthConfig = Field(default_factory=AuthConfig, description="Optional API keys.")
 
     @model_validator(mode="after")

@@ -6,6 +6,7 @@ stage that finds the problem; Ray re-raises them in the caller as instances of t
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
@@ -61,7 +62,11 @@ class ServiceUnavailableError(OpenAIError):
 
 
 class EngineDeadError(ServiceUnavailableError):
-    """The LLM engine has died; the stage's replica must be restarted."""
+    """The LLM engine has died or hung; the stage's replica must be restarted."""
+
+
+class StageUnavailableError(ServiceUnavailableError):
+    """A stage's replica died or became unreachable during a call; Serve replaces it, so a retry can succeed."""
 
 
 def find_openai_error(exc: BaseException) -> OpenAIError | None:
@@ -78,9 +83,50 @@ def find_openai_error(exc: BaseException) -> OpenAIError | None:
 
 
 class OverloadedError(ServiceUnavailableError):
-    """A stage is at its queue limit; the client should retry after `retry_after_s`."""
+    """A request not admitted: `stage` is at its limit for `reason` (`stage_full`, `engine_queue_full`,
+    `max_streams`). The ingress answers it with the `admission:` status and Retry-After, and counts it."""
 
     retry_after_s = 1
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        stage: str = "ingress",
+        reason: str = "stage_full",
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        self.stage = stage
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The reason is raised in a replica (engine queue) and counted in the ingress.
+        return (_rebuild_overloaded, (type(self), self.message, self.param, self.code, self.stage, self.reason))
+
+
+def _rebuild_overloaded(
+    cls: type[OverloadedError], message: str, param: str | None, code: str | None, stage: str, reason: str
+) -> OverloadedError:
+    return cls(message, param=param, code=code, stage=stage, reason=reason)
+
+
+class DeadlineExceededError(OpenAIError):
+    """The request's deadline (`X-Request-Timeout` or `limits.request_timeout_s`) passed; every stage
+    refuses work on it, and the ingress stops waiting."""
+
+    status_code = 504
+    error_type = "GatewayTimeoutError"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = "deadline_exceeded") -> None:
+        super().__init__(message, param=param, code=code)
+
+    @classmethod
+    def check(cls, deadline: float | None, stage: str) -> None:
+        """Refuse work whose deadline (wall-clock seconds, as in the messages) has passed."""
+        if deadline is not None and time.time() >= deadline:
+            raise cls(f"The request's deadline passed before the {stage} stage started on it.")
 
 
 class PayloadTooLargeError(OpenAIError):

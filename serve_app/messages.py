@@ -16,6 +16,8 @@ class ImagesRequest:
     """Ingress -> multimodal: the image URLs of one request (data:, http(s): or allowed file:), in order."""
 
     urls: list[str]
+    # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,8 @@ class TokenizeRequest:
     check_context: bool = True
     # Prompt tokens of each image once its placeholder is expanded, for the context-length check.
     image_tokens: list[int] = field(default_factory=list)
+    # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +125,8 @@ class GenerateRequest:
     prompt_token_ids: list[int]
     sampling: SamplingSpec
     images: list[ProcessedImage] = field(default_factory=list)
+    # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +156,9 @@ class GenerationChunk:
     deltas: list[ChoiceDelta]
     num_prompt_tokens: int
     finished: bool
+    # First chunk only: seconds from submitting to the engine to its first output (queue + prefill),
+    # the engine's part of the time to first token.
+    engine_ttft_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +172,8 @@ class VocodeRequest:
 
     frames: list[list[int]]
     context: int
+    # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
+    deadline: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,14 +10,15 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from serve_app.config import AdmissionConfig
 from serve_app.errors import OpenAIError, OverloadedError, find_openai_error
 from serve_app.ingress.auth import ApiKeyAuth, load_keys
 from serve_app.ingress.body_limit import BodySizeLimit
@@ -25,6 +26,7 @@ from serve_app.ingress.chat.protocol import ChatCompletionRequest
 from serve_app.ingress.chat.serving import create_chat_completion
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
+from serve_app.ingress.deadline import Deadline, request_deadline
 from serve_app.ingress.pipeline import Services
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
 from serve_app.ingress.speech.protocol import SpeechRequest
@@ -41,14 +43,21 @@ logger = logging.getLogger(__name__)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
-    413: {"model": ErrorResponse},
-    503: {"model": ErrorResponse},
+    413: {"model": ErrorResponse}, 429: {"model": ErrorResponse},
+    503: {"model": ErrorResponse}, 504: {"model": ErrorResponse},
 }  # fmt: skip
 
 
-def error_response(error: OpenAIError) -> JSONResponse:
-    headers = {"Retry-After": str(error.retry_after_s)} if isinstance(error, OverloadedError) else None
-    return JSONResponse(error.to_dict(), status_code=error.status_code, headers=headers)
+def error_response(error: OpenAIError, admission: AdmissionConfig | None = None) -> JSONResponse:
+    """`error` as OpenAI JSON; a request not admitted gets the `admission:` status and Retry-After."""
+    if not isinstance(error, OverloadedError):
+        return JSONResponse(error.to_dict(), status_code=error.status_code)
+    admission = admission or AdmissionConfig()
+    body = error.to_dict()
+    if admission.status_code == 429:
+        body["error"]["type"] = "RateLimitError"
+    headers = {"Retry-After": str(admission.retry_after_s)}
+    return JSONResponse(body, status_code=admission.status_code, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -118,9 +127,14 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(ApiKeyAuth, keys=load_keys(auth), max_concurrent_per_key=auth.max_concurrent_per_key)
     app.add_middleware(_RequestMetrics, services=services)
 
+    def render(error: OpenAIError) -> JSONResponse:
+        if isinstance(error, OverloadedError):
+            services.metrics.rejections.labels(error.stage, error.reason).inc()
+        return error_response(error, services.args.admission)
+
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return error_response(exc)
+        return render(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -145,7 +159,13 @@ def create_app(services: Services) -> FastAPI:
         if error is None:
             logger.exception("unhandled error")
             error = OpenAIError(f"Internal error: {type(exc).__name__}")
-        return error_response(error)
+        return render(error)
+
+    def deadline_of(x_request_timeout: Annotated[str | None, Header()] = None) -> Deadline | None:
+        return request_deadline(services.args.limits, x_request_timeout)
+
+    # A default, not an Annotated alias: FastAPI resolves annotations in the module, not this function.
+    with_deadline = Depends(deadline_of)
 
     @app.get("/health", responses={503: {"description": "A stage failed its last check (same body)."}})
     async def health() -> Response:
@@ -168,16 +188,16 @@ def create_app(services: Services) -> FastAPI:
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/chat/completions", responses=_ERRORS)
-    async def chat_completions(request: ChatCompletionRequest) -> Any:
-        return await create_chat_completion(services, request)
+    async def chat_completions(request: ChatCompletionRequest, deadline: Deadline | None = with_deadline) -> Any:
+        return await create_chat_completion(services, request, deadline)
 
     @app.post("/v1/completions", responses=_ERRORS)
-    async def completions(request: CompletionRequest) -> Any:
-        return await create_completion(services, request)
+    async def completions(request: CompletionRequest, deadline: Deadline | None = with_deadline) -> Any:
+        return await create_completion(services, request, deadline)
 
     @app.post("/v1/audio/speech", responses=_ERRORS, response_class=Response)
-    async def speech(request: SpeechRequest) -> Response:
-        return await create_speech(services, request)
+    async def speech(request: SpeechRequest, deadline: Deadline | None = with_deadline) -> Response:
+        return await create_speech(services, request, deadline)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:

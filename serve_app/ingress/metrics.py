@@ -1,4 +1,4 @@
-"""The ingress's Prometheus metrics: requests, in-flight and per-stage time.
+"""The ingress's Prometheus metrics: requests, in-flight, per-stage time and calls, rejections, TTFT.
 
 Stages report their own time in the messages they return (as HF text-embeddings-inference reports
 per-stage time), so one histogram here covers the whole path without scraping every replica.
@@ -25,8 +25,27 @@ class IngressMetrics:
             "serve_graph_stage_seconds",
             "Time per stage: multimodal and tokenizer (inside the stage), multimodal_call and tokenizer_call "
             "(incl. the hop), "
-            "llm_first_chunk (generate call to first chunk), total.",
+            "llm_first_chunk (generate call to first chunk), llm_engine (engine submit to first output, inside "
+            "the llm replica), vocoder, total.",
             ["stage"], buckets=_BUCKETS, registry=self.registry,
+        )  # fmt: skip
+        self.stage_in_flight = Gauge(
+            "serve_graph_stage_in_flight",
+            "Calls from this ingress to each stage not yet answered (for llm: streams open): the stage's queue "
+            "plus its work in progress, as this ingress sees it.",
+            ["stage"], registry=self.registry,
+        )  # fmt: skip
+        self.rejections = Counter(
+            "serve_graph_rejections",
+            "Requests refused or ended early, by the stage that was full or late and the reason: stage_full "
+            "(Serve queue limit), engine_queue_full, max_streams (speech), deadline.",
+            ["stage", "reason"], registry=self.registry,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "serve_graph_ttft_seconds",
+            "Time to first token: total (ingress start of the request path to the first chunk), engine (its "
+            "submit to first output inside the llm replica) and framework (total - engine: hops, stages, queues).",
+            ["part"], buckets=_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.tokens = Counter("serve_graph_tokens", "Prompt and generated tokens.", ["kind"], registry=self.registry)
         self.image_cache = Counter(

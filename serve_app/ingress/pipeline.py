@@ -8,6 +8,9 @@
 5. The first chunk is awaited before any byte is sent, so an engine rejection or backpressure
    still becomes a proper HTTP status; later chunks stream as they come.
 6. The endpoint module formats the chunks as an OpenAI response or SSE events.
+
+Every wait on a stage is bounded by the request's deadline (`deadline.py`), which the messages also
+carry to the stages, and counted in the per-stage in-flight gauge.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
 
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, EngineDeadError, NotFoundError
 from serve_app.ingress.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
+from serve_app.ingress.deadline import Deadline, deadline_at, within
 from serve_app.ingress.health import HealthMonitor
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.protocol import SamplingRequest
@@ -95,6 +99,7 @@ class Stream:
     metrics: IngressMetrics
     timings: dict[str, float] = field(default_factory=dict)
     generated_tokens: int = 0
+    deadline: Deadline | None = None
 
     async def chunks(self) -> AsyncIterator[GenerationChunk]:
         generated = self.metrics.tokens.labels("generated")
@@ -105,7 +110,8 @@ class Stream:
             generated.inc(count)
             yield chunk
             try:
-                chunk = await anext(self.rest)
+                async with within(self.deadline, "llm", self.metrics.rejections):
+                    chunk = await anext(self.rest)
             except StopAsyncIteration:
                 return
 
@@ -135,7 +141,9 @@ def check_limits(services: Services, request: SamplingRequest, logprobs: int | N
         )
 
 
-async def process_images(services: Services, urls: list[str]) -> tuple[list[ProcessedImage], dict[str, float]]:
+async def process_images(
+    services: Services, urls: list[str], deadline: Deadline | None = None
+) -> tuple[list[ProcessedImage], dict[str, float]]:
     """Step 2: the images of one request, with the stage's time."""
     if not urls:
         return [], {}
@@ -146,7 +154,9 @@ async def process_images(services: Services, urls: list[str]) -> tuple[list[Proc
             code="model_not_multimodal",
         )
     start = time.perf_counter()
-    processed = await services.multimodal.process(ImagesRequest(urls))
+    with services.metrics.stage_in_flight.labels("multimodal").track_inprogress():
+        async with within(deadline, "multimodal", services.metrics.rejections):
+            processed = await services.multimodal.process(ImagesRequest(urls, deadline_at(deadline)))
     hits = sum(image.cache_hit for image in processed.images)
     services.metrics.image_cache.labels("hit").inc(hits)
     services.metrics.image_cache.labels("miss").inc(len(processed.images) - hits)
@@ -162,9 +172,11 @@ async def start_stream(
     logprobs: int | None,
     request_id: str,
     image_urls: list[str] | None = None,
+    deadline: Deadline | None = None,
 ) -> Stream:
     """Steps 2-5 for one prompt."""
-    images, timings = await process_images(services, image_urls or [])
+    started = time.perf_counter()
+    images, timings = await process_images(services, image_urls or [], deadline)
     tokenize = TokenizeRequest(
         prompt, add_special_tokens, request.truncate_prompt_tokens, request.max_tokens,
         image_tokens=[image.num_tokens for image in images],
@@ -172,8 +184,9 @@ async def start_stream(
     cap = services.args.limits.max_tokens  # `limits.max_tokens` also bounds requests that set none
     stream = await start_generation(
         services, tokenize, lambda budget: request.sampling_spec(min(budget, cap or budget), logprobs), request_id,
-        images
-    )
+        images,
+        deadline=deadline, started=started,
+    )  # fmt: skip
     stream.timings |= timings
     return stream
 
@@ -184,30 +197,64 @@ async def start_generation(
     sampling: Callable[[int], SamplingSpec],
     request_id: str,
     images: list[ProcessedImage] | None = None,
+    *,
+    deadline: Deadline | None = None,
+    started: float | None = None,
 ) -> Stream:
     """Steps 3-5: tokenizer stage, then the LLM stage up to its first chunk. `sampling` makes the
-    spec from the generation budget the prompt leaves."""
+    spec from the generation budget the prompt leaves; `started` (perf_counter) is where the time to
+    first token counts from."""
     start = time.perf_counter()
-    tokenized = await services.tokenizer.tokenize(tokenize)
+    metrics = services.metrics
+    with metrics.stage_in_flight.labels("tokenizer").track_inprogress():
+        async with within(deadline, "tokenizer", metrics.rejections):
+            tokenized = await services.tokenizer.tokenize(replace(tokenize, deadline=deadline_at(deadline)))
     called_llm = time.perf_counter()
-    generator = services.llm.generate(
-        GenerateRequest(request_id, tokenized.token_ids, sampling(tokenized.max_tokens), images or [])
+    request = GenerateRequest(
+        request_id, tokenized.token_ids, sampling(tokenized.max_tokens), images or [], deadline_at(deadline)
     )
+    generator = _in_flight(metrics, "llm", services.llm.generate(request))
     try:
-        first = await anext(aiter(generator))
+        async with within(deadline, "llm", metrics.rejections):
+            first = await anext(generator)
     except EngineDeadError as exc:
         services.health.mark_failed("llm", exc.message)
         raise
+    now = time.perf_counter()
     timings = {
         "tokenizer": tokenized.elapsed_s,
         "tokenizer_call": called_llm - start,
-        "llm_first_chunk": time.perf_counter() - called_llm,
+        "llm_first_chunk": now - called_llm,
     }
+    ttft = {"total": now - (start if started is None else started)}
+    if first.engine_ttft_s is not None:
+        timings["llm_engine"] = ttft["engine"] = first.engine_ttft_s
+        ttft["framework"] = ttft["total"] - first.engine_ttft_s
     for stage, seconds in timings.items():
-        services.metrics.stage_seconds.labels(stage).observe(seconds)
+        metrics.stage_seconds.labels(stage).observe(seconds)
+    for part, seconds in ttft.items():
+        metrics.ttft.labels(part).observe(seconds)
+    timings["first_token"] = ttft["total"]
     num_prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
-    services.metrics.tokens.labels("prompt").inc(num_prompt_tokens)
-    return Stream(request_id, tokenized.token_ids, num_prompt_tokens, first, generator, services.metrics, timings)
+    metrics.tokens.labels("prompt").inc(num_prompt_tokens)
+    return Stream(
+        request_id, tokenized.token_ids, num_prompt_tokens, first, generator, metrics, timings, deadline=deadline
+    )
+
+
+async def _in_flight(
+    metrics: IngressMetrics, stage: str, chunks: AsyncIterator[GenerationChunk]
+) -> AsyncGenerator[GenerationChunk, None]:
+    """`chunks`, counted as a call in flight to `stage` until they end or are closed; closing this
+    closes them (the Serve call is cancelled)."""
+    with metrics.stage_in_flight.labels(stage).track_inprogress():
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            close = getattr(chunks, "aclose", None)
+            if close is not None:
+                await close()
 
 
 def new_request_id(prefix: str) -> str:
@@ -217,7 +264,8 @@ def new_request_id(prefix: str) -> str:
 def timing_headers(timings: dict[str, float]) -> dict[str, str]:
     """Per-stage time in milliseconds, as `X-<Stage>-Time` headers."""
     names = {"multimodal": "X-Multimodal-Time", "tokenizer": "X-Tokenizer-Time",
-             "llm_first_chunk": "X-LLM-First-Chunk-Time", "vocoder_first_chunk": "X-Vocoder-First-Chunk-Time",
+             "llm_first_chunk": "X-LLM-First-Chunk-Time", "llm_engine": "X-LLM-Engine-Time",
+             "first_token": "X-First-Token-Time", "vocoder_first_chunk": "X-Vocoder-First-Chunk-Time",
              "llm": "X-LLM-Time", "total": "X-Total-Time"}  # fmt: skip
     return {names[k]: f"{v * 1000:.3f}" for k, v in timings.items() if k in names}
 

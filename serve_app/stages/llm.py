@@ -9,12 +9,19 @@ only detokenizes its own output incrementally, which stop strings need.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Protocol
 
 from serve_app.config import AppArgs
-from serve_app.errors import BadRequestError, EngineDeadError, ServiceUnavailableError
+from serve_app.errors import (
+    BadRequestError,
+    DeadlineExceededError,
+    EngineDeadError,
+    OverloadedError,
+    ServiceUnavailableError,
+)
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
 from serve_app.stages.engine_watchdog import EngineWatchdog
 
@@ -136,7 +143,7 @@ def _floor(value: float) -> float:
     return _LOGPROB_FLOOR if math.isinf(value) or math.isnan(value) else max(value, _LOGPROB_FLOOR)
 
 
-def to_chunk(output: Any, spec: SamplingSpec) -> GenerationChunk:
+def to_chunk(output: Any, spec: SamplingSpec, engine_ttft_s: float | None = None) -> GenerationChunk:
     deltas = []
     for choice in output.outputs:
         logprobs = None
@@ -152,18 +159,28 @@ def to_chunk(output: Any, spec: SamplingSpec) -> GenerationChunk:
                 logprobs=logprobs,
             )
         )
-    return GenerationChunk(deltas, len(output.prompt_token_ids or ()), output.finished)
+    return GenerationChunk(deltas, len(output.prompt_token_ids or ()), output.finished, engine_ttft_s)
 
 
 class LLMStage:
     """Runs generation requests on one engine."""
 
     def __init__(
-        self, engine: Engine, audio_token_ids: list[int] | None = None, *, watchdog: EngineWatchdog | None = None
+        self,
+        engine: Engine,
+        audio_token_ids: list[int] | None = None,
+        *,
+        max_seqs: int | None = None,
+        watchdog: EngineWatchdog | None = None,
     ) -> None:
         self._engine = engine
         self._watchdog = watchdog if watchdog is not None else EngineWatchdog(None)
         self._audio_token_ids = audio_token_ids
+        # Engine slots plus its waiting queue (`max_num_seqs + max_waiting_requests`); None: unbounded.
+        self._max_seqs = max_seqs
+        # Sequences submitted and not finished; counted here, not asked of the engine, so concurrent
+        # admissions cannot all pass the check before any of them reaches the engine.
+        self._seqs = 0
 
     @classmethod
     def from_args(cls, args: AppArgs) -> LLMStage:
@@ -178,27 +195,56 @@ class LLMStage:
             )
             layout = OrpheusLayout.from_tokenizer(tokenizer)
             audio_token_ids = [*layout.audio_token_ids(), layout.stop_id]
-        return cls(build_engine(args), audio_token_ids, watchdog=EngineWatchdog(args.engine.watchdog_timeout_s))
+        return cls(
+            build_engine(args),
+            audio_token_ids,
+            max_seqs=args.engine.max_num_seqs + args.engine.max_waiting_requests,
+            watchdog=EngineWatchdog(args.engine.watchdog_timeout_s),
+        )
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
+        DeadlineExceededError.check(request.deadline, "llm")
         params = to_sampling_params(request.sampling, self._audio_token_ids)
         prompt = TokensPrompt(prompt_token_ids=request.prompt_token_ids)
         if request.images:
             prompt["multi_modal_data"] = {"image": [image.pixels for image in request.images]}
             prompt["multi_modal_uuids"] = {"image": [image.content_hash for image in request.images]}
+        n = self._admit(request.sampling.n)
+        submitted = time.perf_counter()
         # aclosing: if our caller goes away (client disconnect cancels the Serve call), the engine's
         # generator is closed now, which aborts the request in the engine, not whenever GC runs.
         try:
             async with aclosing(self._engine.generate(prompt, params, request.request_id)) as outputs:
+                first = True
                 while (output := await self._watchdog.next_output(outputs)) is not None:
-                    yield to_chunk(output, request.sampling)
+                    yield to_chunk(output, request.sampling, time.perf_counter() - submitted if first else None)
+                    first = False
         except VLLMEngineDeadError as exc:
             raise EngineDeadError(f"The engine died: {exc}") from exc
         except _client_errors() as exc:
             raise BadRequestError(str(exc)) from exc
+        finally:
+            self._seqs -= n
+
+    def _admit(self, n: int) -> int:
+        """Count `n` sequences in, or refuse them while the engine's slots and waiting queue are full."""
+        if self._max_seqs is not None:
+            if n > self._max_seqs:
+                raise BadRequestError(
+                    f"n is {n}; this engine holds at most {self._max_seqs} sequences at once.", param="n"
+                )
+            if self._seqs + n > self._max_seqs:
+                raise OverloadedError(
+                    f"The engine's waiting queue is full ({self._seqs} sequences in progress); retry later.",
+                    code="overloaded",
+                    stage="llm",
+                    reason="engine_queue_full",
+                )
+        self._seqs += n
+        return n
 
     async def check_health(self) -> None:
         self._watchdog.check()

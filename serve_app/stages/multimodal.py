@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from serve_app.config import AppArgs, MultimodalConfig
-from serve_app.errors import BadRequestError
+from serve_app.errors import BadRequestError, DeadlineExceededError
 from serve_app.media.fetch import ImageFetcher
 from serve_app.media.images import ImageSize, decode_image, fit_image
 from serve_app.messages import ImagesRequest, ProcessedImage, ProcessedImages
@@ -98,6 +98,7 @@ class MultimodalStage:
 
     async def process(self, request: ImagesRequest) -> ProcessedImages:
         start = time.perf_counter()
+        DeadlineExceededError.check(request.deadline, "multimodal")
         limit = self.config.max_images_per_request
         if len(request.urls) > limit:
             raise BadRequestError(
@@ -110,6 +111,8 @@ class MultimodalStage:
         hits = {key: item for key in set(keys) if (item := self._cache.get(key)) is not None}
         loop = asyncio.get_running_loop()
         misses = {key: i for i, key in enumerate(keys) if key not in hits}
+        # Fetching may have taken the rest of the request's time: then decode nothing.
+        DeadlineExceededError.check(request.deadline, "multimodal")
         decoded = await asyncio.gather(
             *(loop.run_in_executor(self._executor, self._decode, i, encoded[i]) for i in misses.values())
         )

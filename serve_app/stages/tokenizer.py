@@ -18,7 +18,7 @@ from typing import Any
 
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
-from serve_app.errors import BadRequestError
+from serve_app.errors import BadRequestError, DeadlineExceededError
 from serve_app.messages import ChatPrompt, SpeechPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
 
 TokenizerFactory = Callable[[], Any]
@@ -138,6 +138,9 @@ class TokenizerStage:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        # Checked here, in the worker thread: a request that waited past its deadline in the
+        # executor's queue is dropped without being tokenized.
+        DeadlineExceededError.check(request.deadline, "tokenizer")
         start = time.perf_counter()
         with self._pool.borrow() as tok:
             token_ids = self._encode(tok, request)

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from serve_app.audio_formats import pcm16
 from serve_app.codecs.snac import CodecDecoder, SnacDecoder
 from serve_app.config import AppArgs
-from serve_app.errors import BadRequestError
+from serve_app.errors import BadRequestError, DeadlineExceededError
 from serve_app.messages import AudioChunk, VocodeRequest
 
 
@@ -54,11 +54,13 @@ class VocoderStage:
         return self._decoder.sample_rate
 
     def validate(self, request: VocodeRequest) -> None:
-        """Raise BadRequestError unless the decoder can take `request`.
+        """Raise BadRequestError unless the decoder can take `request` (DeadlineExceededError when its
+        deadline passed while it waited for the worker thread).
 
         `decode_batch` fails as a whole on one bad request, so a batching caller checks each request
         with this first, where the error still reaches only its own client.
         """
+        DeadlineExceededError.check(request.deadline, "vocoder")
         if not 0 <= request.context < len(request.frames):
             raise BadRequestError(
                 f"A vocode request needs new frames after its {request.context} context frames; "

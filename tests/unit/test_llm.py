@@ -104,8 +104,12 @@ async def test_chunks_are_converted() -> None:
     ]
     engine = FakeEngine(outputs)
     chunks = await collect(LLMStage(engine), request(n=2))
+    engine_ttft_s = chunks[0].engine_ttft_s  # the first chunk only: the engine's time to first output
+    assert engine_ttft_s is not None and 0 <= engine_ttft_s < 1
     assert chunks == [
-        GenerationChunk([ChoiceDelta(0, "He", [10, 11], None), ChoiceDelta(1, "Yo", [12], None)], 3, False),
+        GenerationChunk(
+            [ChoiceDelta(0, "He", [10, 11], None), ChoiceDelta(1, "Yo", [12], None)], 3, False, engine_ttft_s
+        ),
         GenerationChunk([ChoiceDelta(1, "!", [13], "stop", "!"), ChoiceDelta(0, "y", [14], "length")], 3, True),
     ]
     assert engine.exit == "finished"

@@ -209,7 +209,7 @@ async def test_start_stream(app_args: AppArgs) -> None:
     spec = gen_request.sampling
     assert (spec.max_tokens, spec.n, spec.temperature, spec.logprobs) == (5, 2, 0.5, 2)
     assert (stream.request_id, stream.prompt_token_ids, stream.first) == ("cmpl-x", [7, 8, 9], chunk("a"))
-    assert set(stream.timings) == {"tokenizer", "tokenizer_call", "llm_first_chunk"}
+    assert set(stream.timings) == {"tokenizer", "tokenizer_call", "llm_first_chunk", "first_token"}
     assert stream.timings["tokenizer"] == 0.002
     assert [c async for c in stream.chunks()] == [chunk("a"), chunk("b", "length")]
     assert 'serve_graph_tokens_total{kind="prompt"} 3.0' in services.metrics.render().decode()

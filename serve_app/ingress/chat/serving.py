@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from serve_app.ingress import sse
 from serve_app.ingress.chat.protocol import ChatCompletionRequest, ChatMessage, ImagePart
+from serve_app.ingress.deadline import Deadline
 from serve_app.ingress.pipeline import (
     ChoiceState,
     Services,
@@ -65,7 +66,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-async def create_chat_completion(services: Services, request: ChatCompletionRequest) -> Any:
+async def create_chat_completion(
+    services: Services, request: ChatCompletionRequest, deadline: Deadline | None = None
+) -> Any:
     model = check_model(services, request.model)
     logprobs = request.logprobs_k()
     check_limits(services, request, logprobs)
@@ -79,7 +82,7 @@ async def create_chat_completion(services: Services, request: ChatCompletionRequ
     start = time.perf_counter()
     stream = await start_stream(
         services, request, prompt, add_special_tokens=False, logprobs=logprobs,
-        request_id=new_request_id("chatcmpl"), image_urls=image_urls,
+        request_id=new_request_id("chatcmpl"), image_urls=image_urls, deadline=deadline,
     )  # fmt: skip
     if request.stream:
         return StreamingResponse(

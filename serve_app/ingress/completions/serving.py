@@ -17,6 +17,7 @@ from serve_app.errors import BadRequestError
 from serve_app.ingress import sse
 from serve_app.ingress.chat.serving import usage
 from serve_app.ingress.completions.protocol import CompletionRequest
+from serve_app.ingress.deadline import Deadline
 from serve_app.ingress.pipeline import (
     ChoiceState,
     Services,
@@ -50,7 +51,7 @@ class _Offsets:
         }
 
 
-async def create_completion(services: Services, request: CompletionRequest) -> Any:
+async def create_completion(services: Services, request: CompletionRequest, deadline: Deadline | None = None) -> Any:
     model = check_model(services, request.model)
     check_limits(services, request, request.logprobs)
     prompts = request.prompts()
@@ -59,7 +60,7 @@ async def create_completion(services: Services, request: CompletionRequest) -> A
         raise BadRequestError(f"At most {limit} prompts per request, got {len(prompts)}.", param="prompt")
     request_id = new_request_id("cmpl")
     start = time.perf_counter()
-    streams = await _start_all(services, request, prompts, request_id)
+    streams = await _start_all(services, request, prompts, request_id, deadline)
     echoes = await _echo_texts(services, request, streams)
     headers = timing_headers(streams[0].timings)
     if request.stream:
@@ -93,7 +94,11 @@ async def create_completion(services: Services, request: CompletionRequest) -> A
 
 
 async def _start_all(
-    services: Services, request: CompletionRequest, prompts: list[str | list[int]], request_id: str
+    services: Services,
+    request: CompletionRequest,
+    prompts: list[str | list[int]],
+    request_id: str,
+    deadline: Deadline | None,
 ) -> list[Stream]:
     def text_prompt(p: str | list[int]) -> TextPrompt:
         return TextPrompt(text=p) if isinstance(p, str) else TextPrompt(token_ids=p)
@@ -101,7 +106,7 @@ async def _start_all(
     starts = [
         start_stream(
             services, request, text_prompt(p), add_special_tokens=request.add_special_tokens,
-            logprobs=request.logprobs, request_id=f"{request_id}-{i}",
+            logprobs=request.logprobs, request_id=f"{request_id}-{i}", deadline=deadline,
         )
         for i, p in enumerate(prompts)
     ]  # fmt: skip

@@ -13,6 +13,8 @@
    bounded. A client that goes away closes the generator: pending calls are cancelled and the
    talker's request is aborted.
 5. The first audio chunk is awaited before the response starts, so failures are still statuses.
+   Past the request's deadline, an SSE stream ends with an error event; a raw audio stream (no way
+   to say it in band) is cut without its final chunk, which HTTP clients report as incomplete.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from serve_app.config import TtsConfig
 from serve_app.errors import BadRequestError, OverloadedError
 from serve_app.ingress import sse
 from serve_app.ingress.clients import VocoderClient
+from serve_app.ingress.deadline import Deadline, deadline_at, within
 from serve_app.ingress.pipeline import Services, Stream, check_model, new_request_id, start_generation, timing_headers
 from serve_app.ingress.speech.protocol import SpeechRequest
 from serve_app.messages import AudioChunk, SamplingSpec, SpeechPrompt, TokenizeRequest, VocodeRequest
@@ -66,7 +69,7 @@ def max_audio_tokens(tts: TtsConfig, text: str, frame_size: int = FRAME_SIZE) ->
     return math.ceil(seconds * tts.sample_rate / tts.samples_per_frame) * frame_size + _TOKEN_MARGIN
 
 
-async def create_speech(services: Services, request: SpeechRequest) -> Response:
+async def create_speech(services: Services, request: SpeechRequest, deadline: Deadline | None = None) -> Response:
     tts, vocoder = _speech_config(services, request)
     layout = await speech_layout(services)
     if services.speech_streams >= tts.max_streams:
@@ -74,6 +77,7 @@ async def create_speech(services: Services, request: SpeechRequest) -> Response:
             f"{services.speech_streams} speech streams are in progress, the most this server keeps real-time; "
             "retry later.",
             code="overloaded",
+            reason="max_streams",
         )
     services.speech_streams += 1
     try:
@@ -81,7 +85,9 @@ async def create_speech(services: Services, request: SpeechRequest) -> Response:
         spec = SamplingSpec(max_tokens=cap, temperature=tts.temperature, top_p=tts.top_p,
                             repetition_penalty=tts.repetition_penalty, audio_codes=True)  # fmt: skip
         tokenize = TokenizeRequest(SpeechPrompt(request.input, request.voice), add_special_tokens=True)
-        stream = await start_generation(services, tokenize, lambda room: _capped(spec, room), new_request_id("speech"))
+        stream = await start_generation(
+            services, tokenize, lambda room: _capped(spec, room), new_request_id("speech"), deadline=deadline
+        )
         audio = audio_chunks(services, vocoder, tts, layout, stream)
         try:
             first = await anext(audio, None)
@@ -128,17 +134,23 @@ async def audio_chunks(
     context: list[list[int]] = []  # the last frames sent, decoded again before the next chunk
     pending: deque[asyncio.Task[AudioChunk]] = deque()
     seconds = services.metrics.stage_seconds.labels("vocoder")
+    in_flight = services.metrics.stage_in_flight.labels("vocoder")
     size = tts.first_chunk_frames  # of the next chunk
+
+    async def decode(request: VocodeRequest) -> AudioChunk:
+        with in_flight.track_inprogress():
+            return await vocoder.decode(request)
 
     def send(frames: list[list[int]]) -> None:
         nonlocal context, size
         size = tts.chunk_frames
-        request = VocodeRequest([*context, *frames], len(context))
-        pending.append(asyncio.ensure_future(vocoder.decode(request)))
+        request = VocodeRequest([*context, *frames], len(context), deadline_at(stream.deadline))
+        pending.append(asyncio.ensure_future(decode(request)))
         context = [*context, *frames][-tts.context_frames :] if tts.context_frames else []
 
     async def oldest() -> AudioChunk:
-        chunk = await pending.popleft()
+        async with within(stream.deadline, "vocoder", services.metrics.rejections):
+            chunk = await pending.popleft()
         seconds.observe(chunk.elapsed_s)
         stream.timings.setdefault("vocoder_first_chunk", chunk.elapsed_s)
         return chunk

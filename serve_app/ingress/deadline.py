@@ -1,0 +1,79 @@
+"""Request deadlines at the ingress.
+
+A generation request's deadline comes from its `X-Request-Timeout` header (seconds, capped at
+`limits.max_request_timeout_s`) or else `limits.request_timeout_s`. It travels to every stage as an
+absolute wall-clock time in the messages, so a stage refuses work whose deadline passed while it
+queued; and the ingress stops waiting at the deadline: leaving a handle call cancels it, and Ray Serve
+cancels the call in the replica (the engine aborts a generation whose generator is closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+from serve_app.config import LimitsConfig
+from serve_app.errors import BadRequestError, DeadlineExceededError, find_openai_error
+
+HEADER = "X-Request-Timeout"
+
+
+@dataclass(frozen=True)
+class Deadline:
+    # Wall-clock seconds (time.time()): comparable across the replicas of a cluster, unlike a monotonic clock.
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.time() + seconds)
+
+    def remaining(self) -> float:
+        return self.at - time.time()
+
+
+def deadline_at(deadline: Deadline | None) -> float | None:
+    """What the messages carry: the wall-clock deadline, or None."""
+    return None if deadline is None else deadline.at
+
+
+def request_deadline(limits: LimitsConfig, header: str | None) -> Deadline | None:
+    """The deadline of a request with `header` as its X-Request-Timeout value (None: no header)."""
+    if header is None:
+        return None if limits.request_timeout_s is None else Deadline.after(limits.request_timeout_s)
+    try:
+        seconds = float(header)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise BadRequestError(
+            f"{HEADER} must be a positive number of seconds, got {header!r}.", param=HEADER, code="invalid_header"
+        )
+    return Deadline.after(min(seconds, limits.max_request_timeout_s))
+
+
+@asynccontextmanager
+async def within(deadline: Deadline | None, stage: str, rejections: Counter) -> AsyncIterator[None]:
+    """Waiting on `stage` inside this block ends at the deadline with DeadlineExceededError; the stage's
+    own refusal of a late request is counted the same way."""
+    if deadline is None:
+        yield
+        return
+    timeout = asyncio.timeout(deadline.remaining())
+    try:
+        async with timeout:
+            yield
+    except TimeoutError as exc:
+        if not timeout.expired():
+            raise
+        rejections.labels(stage, "deadline").inc()
+        raise DeadlineExceededError(f"The request's deadline passed while waiting for the {stage} stage.") from exc
+    except Exception as exc:
+        if isinstance(find_openai_error(exc), DeadlineExceededError):
+            rejections.labels(stage, "deadline").inc()
+        raise
