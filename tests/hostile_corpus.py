@@ -41,7 +41,7 @@ class HostileCase:
         return self.body if isinstance(self.body, bytes) else json.dumps(self.body).encode()
 
 
-def _png(size: tuple[int, int] = (8, 8)) -> bytes:
+def png(size: tuple[int, int] = (8, 8)) -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", size, (200, 30, 30)).save(buffer, "PNG")
     return buffer.getvalue()
@@ -154,7 +154,7 @@ def _cases() -> list[HostileCase]:
         # oversized body, unknown model, unknown route, wrong method
         ("oversized-body", CHAT, b" " * (LimitsConfig().max_request_bytes + 1), 413, "request_too_large", True),
         ("unknown-model", CHAT, _chat(model="gpt-4"), 404, "model_not_found", True),
-        ("image-on-text-model", CHAT, _image_chat(data_url(_png())), 400, "model_not_multimodal", True),
+        ("image-on-text-model", CHAT, _image_chat(data_url(png())), 400, "model_not_multimodal", True),
     ]  # fmt: skip
     cases = [HostileCase(n, "text", p, b, s, c, integration=i) for n, p, b, s, c, i in text]
     cases += [
@@ -165,15 +165,15 @@ def _cases() -> list[HostileCase]:
     vision: list[tuple[str, Any, str | None, bool]] = [
         ("bad-base64", _image_chat("data:image/png;base64,@@not base64@@"), "invalid_base64", True),
         ("not-an-image", _image_chat(data_url(b"just some text, not pixels")), "invalid_image", True),
-        ("truncated-png", _image_chat(data_url(_png()[:40])), "invalid_image", True),
+        ("truncated-png", _image_chat(data_url(png()[:40])), "invalid_image", True),
         ("image-bomb", _image_chat(data_url(bomb)), "image_too_large", True),
-        ("too-many-images", _image_chat(*[data_url(_png())] * 5), "too_many_images", True),
+        ("too-many-images", _image_chat(*[data_url(png())] * 5), "too_many_images", True),
         ("url-loopback", _image_chat("http://127.0.0.1:1/x.png"), "url_not_allowed", True),
         ("url-metadata", _image_chat("http://169.254.169.254/latest/meta-data"), "url_not_allowed", False),
         ("url-file", _image_chat("file:///etc/passwd"), "url_not_allowed", True),
         ("url-scheme", _image_chat("ftp://example.com/x.png"), "url_not_allowed", False),
         ("image-url-unknown-field", {"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": data_url(_png()), "x": 1}}]}]}, None, False),
+            {"type": "image_url", "image_url": {"url": data_url(png()), "x": 1}}]}]}, None, False),
         ("image-part-unknown-type", {"messages": [{"role": "user", "content": [{"type": "video", "url": "x"}]}]},
          None, False),
     ]  # fmt: skip
