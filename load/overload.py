@@ -243,6 +243,7 @@ def markdown(result: dict[str, Any]) -> str:
             peaks = [_vs(level["rss"][stage]["peak_mib"], reference) if stage in level["rss"] else "-"
                      for level in levels]  # fmt: skip
             lines.append(f"| {stage} | " + " | ".join(peaks) + " |")
+        lines += rss.mixed_clusters_warning(levels[-1]["rss"])
     errors = [f"{level['multiplier']:g}x: {level['errors']} ({'; '.join(level['error_details'])})"
               for level in levels if level["errors"]]  # fmt: skip
     verdict = "yes" if result["clean"] else "**no**"

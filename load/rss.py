@@ -158,6 +158,15 @@ def summarize(samples: Sequence[RssSample], start: float | None = None, end: flo
     return summary
 
 
+def mixed_clusters_warning(summary: dict[str, Any]) -> list[str]:
+    """A warning line when the samples saw more than one Serve controller: RSS of other clusters (another
+    test run's) is then added in, and `root_pid` should name the measured one's ancestor."""
+    controllers = summary.get(CONTROLLER, {}).get("processes", 0)
+    if controllers <= 1:
+        return []
+    return [f"**RSS counts {controllers} Serve clusters** (other graphs on this machine): give --rss-root-pid."]
+
+
 def markdown(summary: dict[str, Any]) -> list[str]:
     """A table of `summarize`'s result: start / peak / end MiB per stage."""
     lines = ["| stage | processes | start MiB | peak MiB | end MiB | end - start |", "|---|---:|---:|---:|---:|---:|"]

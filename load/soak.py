@@ -298,6 +298,7 @@ def markdown(result: dict[str, Any]) -> str:
             a = first["rss"].get(stage, {}).get("start_mib")
             b = last["rss"].get(stage, {}).get("end_mib")
             lines.append(f"| {stage} | {_num(a, 0)} | {_num(b, 0)} | {_change(a, b)} | {_num(run['peak_mib'], 0)} |")
+        lines += rss.mixed_clusters_warning(result["rss_run"])
         kinds = list(first["kinds"])
         lines += ["", "Per window: requests / errors / p99 TTFT (speech: TTFA) ms; RSS of all stages at its end", "",
                   "| window s | " + " | ".join(kinds) + " | RSS MiB | client lag max ms |",

@@ -6,7 +6,18 @@ import time
 
 import pytest
 
-from load.rss import MIB, Proc, RssSample, RssSampler, StageRss, markdown, stage_of, stage_rss, summarize
+from load.rss import (
+    MIB,
+    Proc,
+    RssSample,
+    RssSampler,
+    StageRss,
+    markdown,
+    mixed_clusters_warning,
+    stage_of,
+    stage_rss,
+    summarize,
+)
 
 # Two Serve clusters: the one under launcher 10, and another one's controller under raylet 40.
 TREE = [
@@ -107,3 +118,9 @@ def test_sampler_samples_in_the_background_until_stopped() -> None:
     assert sampler.samples[-1].stages["llm-app:llm"].rss_bytes == 2000 * MIB
     time.sleep(0.05)
     assert len(sampler.samples) == taken == len(calls)
+
+
+def test_two_clusters_are_flagged() -> None:
+    both = [RssSample(0.0, stage_rss(TREE))]
+    assert "2 Serve clusters" in mixed_clusters_warning(summarize(both))[0]
+    assert mixed_clusters_warning(summarize([RssSample(0.0, stage_rss(TREE, root_pid=10))])) == []
