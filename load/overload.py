@@ -140,7 +140,7 @@ def capacity_of(result: CellResult) -> float:
     return sum(r.ok for r in result.records) / result.duration_s
 
 
-async def _measure(runner: Runner, progress: Progress, opts: argparse.Namespace) -> tuple[float, list[CellResult]]:
+async def _measure(runner: Runner, opts: argparse.Namespace) -> tuple[float, list[CellResult]]:
     """The capacity phase (unless given), then the levels. One runner for both, so that no prompt is
     sent twice (a repeat would hit the engine's prefix cache)."""
     cells = []
@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         progress.runner = runner
         try:
             with rss.RssSampler(opts.rss_interval, root_pid) as sampler:
-                capacity, cells = asyncio.run(_measure(runner, progress, opts))
+                capacity, cells = asyncio.run(_measure(runner, opts))
         finally:
             progress.close()
     print(f"capacity: {capacity:.2f} req/s")
