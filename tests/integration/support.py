@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from pathlib import Path
@@ -18,7 +19,23 @@ PORT = int(os.environ.get("SERVE_GRAPH_TEST_PORT", "18123"))
 APP = "llm-app"
 VISION_APP = "vision-app"
 VISION_PREFIX = "/vision"
+# The vision app's engine hang watchdog, small so that test_zy_faults.py sees it fire within seconds.
+WATCHDOG_TIMEOUT_S = 8.0
 TTS_PREFIX = "/tts"
+# A fourth application in the test config only: tiny-chat with tiny limits, so that one request fills the
+# engine (backpressure, disconnect and deadline tests) and its tokenizer autoscales within seconds.
+LIMITS_APP = "limits-app"
+LIMITS_PREFIX = "/limits"
+# The session's Ray cluster simulates three node types on this machine, each advertising one custom
+# resource, and the test config pins every stage to one of them as a real cluster's YAML would (the
+# engines would ask for `num_gpus` there; a GPU cannot be simulated here).
+NODES: dict[str, dict[str, Any]] = {
+    "head_node": {"num_cpus": 1},
+    "cpu_node": {"num_cpus": 1},
+    "accelerator_node": {"num_cpus": 2},
+}
+STAGE_NODE = {"ingress": "head_node", "tokenizer": "cpu_node", "multimodal": "cpu_node", "vocoder": "cpu_node",
+              "llm": "accelerator_node"}  # fmt: skip
 # A second loopback address, allow-listed for image fetching in the test config only: 127.0.0.1 stays
 # refused as in the shipped config, so one graph shows both the default and the configured behaviour.
 ALLOWED_LOOPBACK = "127.0.0.2"
@@ -31,7 +48,33 @@ def load_test_config() -> dict[str, Any]:
     for app in pin_local_paths(config, ROOT)["applications"]:
         if "multimodal" in app["args"]:
             app["args"]["multimodal"]["fetch"] = {"allowed_hosts": [ALLOWED_LOOPBACK], "timeout_s": 5}
+            app["args"]["engine"]["watchdog_timeout_s"] = WATCHDOG_TIMEOUT_S
+    config["applications"].append(limits_app(config["applications"][0]))
+    for app in config["applications"]:
+        for deployment in app["deployments"]:
+            options = deployment.setdefault("ray_actor_options", {})
+            options["resources"] = {STAGE_NODE[deployment["name"]]: 0.01}
     return config
+
+
+def limits_app(text_app: dict[str, Any]) -> dict[str, Any]:
+    """The text application with room for two sequences in the engine and one waiting request."""
+    app = copy.deepcopy(text_app)
+    app["name"], app["route_prefix"] = LIMITS_APP, LIMITS_PREFIX
+    app["args"]["engine"]["max_num_seqs"] = 2
+    # No engine waiting queue: a third sequence is refused by the llm stage (engine_queue_full).
+    app["args"]["engine"]["max_waiting_requests"] = 0
+    app["args"]["tokenizer"]["threads"] = 1
+    deployments = {d["name"]: d for d in app["deployments"]}
+    deployments["llm"].update(max_ongoing_requests=2, max_queued_requests=1)
+    tokenizer = deployments["tokenizer"]
+    del tokenizer["num_replicas"]
+    # Short delays and a fast metrics loop, so that a test sees a scale-up and a scale-down in seconds.
+    tokenizer["autoscaling_config"] = {
+        "min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "target_ongoing_requests": 2,
+        "metrics_interval_s": 0.5, "look_back_period_s": 2, "upscale_delay_s": 1, "downscale_delay_s": 4,
+    }  # fmt: skip
+    return app
 
 
 def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
