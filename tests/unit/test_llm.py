@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,13 @@ from vllm.logprobs import Logprob
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
-from serve_app.errors import BadRequestError, EngineDeadError, ServiceUnavailableError
+from serve_app.errors import (
+    BadRequestError,
+    DeadlineExceededError,
+    EngineDeadError,
+    OverloadedError,
+    ServiceUnavailableError,
+)
 from serve_app.ingress.clients import LocalLLM
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
 from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
@@ -312,3 +319,37 @@ async def test_local_llm_client_wraps_the_stage() -> None:
     assert (await client.metrics_text(), await client.check_health()) == ("", None)
     with pytest.raises(BadRequestError, match="n must be 1 when using greedy sampling"):
         await anext(aiter(client.generate(request(n=2, temperature=0.0))))
+
+
+async def test_the_engine_queue_bound_counts_sequences_and_frees_them() -> None:
+    engine = FakeEngine([step("a", [1])])
+    engine.wait = asyncio.Event()
+    stage = LLMStage(engine, max_seqs=3)
+    held = stage.generate(request(n=2))
+    await anext(held)  # two sequences in the engine
+    with pytest.raises(OverloadedError) as raised:
+        await anext(stage.generate(request(n=2)))  # 2 + 2 > 3
+    assert (raised.value.stage, raised.value.reason, raised.value.code) == ("llm", "engine_queue_full", "overloaded")
+    assert len(engine.calls) == 1  # refused before the engine saw it
+    one = stage.generate(request(n=1))
+    await anext(one)  # 2 + 1 fits
+    await one.aclose()
+    await held.aclose()  # closed streams give their sequences back
+    engine.wait.set()
+    assert len(await collect(stage, request(n=3))) == 1
+
+
+async def test_more_choices_than_the_engine_holds_is_a_400() -> None:
+    with pytest.raises(BadRequestError) as raised:
+        await collect(LLMStage(FakeEngine([]), max_seqs=2), request(n=3))
+    assert raised.value.param == "n"
+
+
+async def test_a_request_past_its_deadline_never_reaches_the_engine() -> None:
+    engine = FakeEngine([step("a", [1])])
+    late = GenerateRequest("req-1", [1, 2, 3], SamplingSpec(max_tokens=8), deadline=time.time() - 1)
+    with pytest.raises(DeadlineExceededError, match="llm"):
+        await collect(LLMStage(engine), late)
+    assert engine.calls == []
+    on_time = GenerateRequest("req-2", [1, 2, 3], SamplingSpec(max_tokens=8), deadline=time.time() + 60)
+    assert len(await collect(LLMStage(engine), on_time)) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 from PIL import Image
 
 from serve_app.config import MultimodalConfig, parse_app_args
-from serve_app.errors import BadRequestError
+from serve_app.errors import BadRequestError, DeadlineExceededError
 from serve_app.media.images import ImageSize
 from serve_app.messages import ImagesRequest
 from serve_app.stages.multimodal import ImageCache, MultimodalStage
@@ -115,3 +116,8 @@ def test_a_text_model_is_refused_at_startup(tiny_model_path: Path) -> None:
     args = parse_app_args({"model": {"path": str(tiny_model_path), "max_model_len": 256}, "multimodal": {}})
     with pytest.raises(ValueError, match="not a vision model"):
         MultimodalStage.from_args(args)
+
+
+async def test_a_request_past_its_deadline_is_refused() -> None:
+    with pytest.raises(DeadlineExceededError, match="multimodal"):
+        await make_stage().process(ImagesRequest([photo((1, 2, 3))], deadline=time.time() - 1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import math
+import time
 import wave
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -296,3 +297,33 @@ def test_without_context_later_chunks_still_have_chunk_frames(
     assert client.post(SPEECH, json=body(response_format="pcm")).status_code == 200
     sizes = [len(r.frames) for r in vocoder.requests]
     assert sizes[:3] == [2, 3, 3] and all(r.context == 0 for r in vocoder.requests)
+
+
+async def test_a_refused_stream_is_counted_as_max_streams(speech_services: Services, speech_client: TestClient) -> None:
+    from serve_app.ingress.speech.protocol import SpeechRequest
+    from serve_app.ingress.speech.serving import create_speech
+
+    request = SpeechRequest.model_validate(body(stream=True, response_format="pcm"))
+    admitted = [await create_speech(speech_services, request) for _ in range(TTS["max_streams"])]
+    response = speech_client.post(SPEECH, json=body(stream=True))
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "overloaded"
+    metrics = speech_client.get("/metrics").text
+    assert 'serve_graph_rejections_total{reason="max_streams",stage="ingress"} 1.0' in metrics
+    for started in admitted:
+        await started.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+def test_the_deadline_reaches_the_vocoder_and_ends_an_sse_stream(
+    speech_client: TestClient, vocoder: FakeVocoder, talker: FakeTalker, sse_events: Any
+) -> None:
+    vocoder.delay_s = 0.2
+    sent = time.time()
+    response = speech_client.post(SPEECH, json=body(stream=True, stream_format="sse"),
+                                  headers={"X-Request-Timeout": "0.5"})  # fmt: skip
+    assert response.status_code == 200
+    events = sse_events(response.text)
+    assert events[0]["type"] == "speech.audio.delta"
+    assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "deadline_exceeded"
+    assert all(r.deadline is not None and 0.5 <= r.deadline - sent < 0.7 for r in vocoder.requests)
+    assert talker.closed == 1

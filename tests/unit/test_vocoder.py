@@ -5,11 +5,13 @@ Windows are 1-3 frames: one frame costs tens of milliseconds on a thread.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from serve_app.codecs.snac import SnacDecoder
-from serve_app.errors import BadRequestError
+from serve_app.errors import BadRequestError, DeadlineExceededError
 from serve_app.messages import VocodeRequest
 from serve_app.stages.vocoder import VocoderStage
 from tests.unit.tts_support import random_frames, tiny_orpheus_path
@@ -112,3 +114,8 @@ def test_from_args_checks_the_codec_against_the_config() -> None:
         VocoderStage.from_args(parse_app_args({"model": model, "tts": tts | {"sample_rate": 16_000}}))
     with pytest.raises(ValueError, match="tts"):
         VocoderStage.from_args(parse_app_args({"model": model}))
+
+
+def test_a_request_past_its_deadline_is_refused(stage: VocoderStage) -> None:
+    with pytest.raises(DeadlineExceededError, match="vocoder"):
+        stage.decode(VocodeRequest(random_frames(2, seed=5), 0, deadline=time.time() - 1))
