@@ -59,6 +59,10 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
         while True:
             signal.pause()
     finally:
+        # serve.shutdown() alone stops the proxy and every replica within seconds, cutting streams short;
+        # deleting the applications first lets each deployment drain (graceful_shutdown_timeout_s).
+        for name in serve.status().applications:
+            serve.delete(name)
         serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
 
