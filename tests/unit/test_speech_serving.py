@@ -314,16 +314,31 @@ async def test_a_refused_stream_is_counted_as_max_streams(speech_services: Servi
         await started.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
+class StallingVocoder(FakeVocoder):
+    """Answers its first call, then never another."""
+
+    async def decode(self, request: VocodeRequest) -> AudioChunk:
+        if self.requests:
+            self.delay_s = 3600
+        return await super().decode(request)
+
+
 def test_the_deadline_reaches_the_vocoder_and_ends_an_sse_stream(
-    speech_client: TestClient, vocoder: FakeVocoder, talker: FakeTalker, sse_events: Any
+    speech_args: Any, speech_tokenizer: TokenizerStage, talker: FakeTalker, sse_events: Any
 ) -> None:
-    vocoder.delay_s = 0.2
+    vocoder = StallingVocoder()
+    client = TestClient(
+        create_app(Services.create(speech_args, LocalTokenizer(speech_tokenizer), talker, vocoder=vocoder))
+    )
     sent = time.time()
-    response = speech_client.post(SPEECH, json=body(stream=True, stream_format="sse"),
-                                  headers={"X-Request-Timeout": "0.5"})  # fmt: skip
+    response = client.post(SPEECH, json=body(stream=True, stream_format="sse"), headers={"X-Request-Timeout": "1"})
+    elapsed = time.time() - sent
     assert response.status_code == 200
     events = sse_events(response.text)
     assert events[0]["type"] == "speech.audio.delta"
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "deadline_exceeded"
-    assert all(r.deadline is not None and 0.5 <= r.deadline - sent < 0.7 for r in vocoder.requests)
+    assert 1 <= elapsed < 5
+    assert len(vocoder.requests) > 1
+    assert all(r.deadline is not None and 1 <= r.deadline - sent <= elapsed for r in vocoder.requests)
     assert talker.closed == 1
+    assert vocoder.in_flight == 0  # the stalled call was cancelled
