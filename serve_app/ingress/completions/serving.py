@@ -17,7 +17,7 @@ from serve_app.errors import BadRequestError
 from serve_app.ingress import sse
 from serve_app.ingress.chat.serving import usage
 from serve_app.ingress.completions.protocol import CompletionRequest
-from serve_app.ingress.deadline import Deadline
+from serve_app.ingress.deadline import Deadline, within
 from serve_app.ingress.pipeline import (
     ChoiceState,
     Services,
@@ -123,7 +123,8 @@ async def _start_all(
 async def _echo_texts(services: Services, request: CompletionRequest, streams: list[Stream]) -> list[str]:
     if not request.echo:
         return [""] * len(streams)
-    return list(await asyncio.gather(*(services.tokenizer.detokenize(s.prompt_token_ids) for s in streams)))
+    async with within(streams[0].deadline, "tokenizer", services.metrics.rejections):
+        return list(await asyncio.gather(*(services.tokenizer.detokenize(s.prompt_token_ids) for s in streams)))
 
 
 async def _events(
