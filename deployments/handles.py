@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -59,7 +60,14 @@ class _UnaryHandle:
 
     async def _call(self, method: str, *args: Any) -> Any:
         try:
-            return await getattr(self._handle, method).remote(*args)
+            response = getattr(self._handle, method).remote(*args)
+            try:
+                return await response
+            except asyncio.CancelledError:
+                # Left early (the request's deadline): stop the work in the replica too. Serve cancels
+                # a call by itself only when the whole HTTP request is cancelled (client disconnect).
+                response.cancel()
+                raise
         except BackPressureError as exc:
             raise _overloaded(self.stage, exc) from exc
         except _REPLICA_LOST as exc:
@@ -114,10 +122,10 @@ class HandleLLM:
             try:
                 async for chunk in response:
                     yield chunk
-            except GeneratorExit:
-                # Closed before its end (deadline, a sibling prompt failed): cancel the call in the
-                # replica now, which closes the engine's generator. Serve does that by itself only when
-                # the whole HTTP request is cancelled (client disconnect).
+            except (GeneratorExit, asyncio.CancelledError):
+                # Left before its end (deadline, a sibling prompt failed): cancel the call in the replica
+                # now, which closes the engine's generator. Serve does that by itself only when the whole
+                # HTTP request is cancelled (client disconnect).
                 response.cancel()  # type: ignore[no-untyped-call]
                 raise
         except BackPressureError as exc:

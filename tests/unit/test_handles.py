@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentResponseGenerator
 
-from deployments.handles import HandleTokenizer, HandleVocoder
+from deployments.handles import HandleLLM, HandleTokenizer, HandleVocoder
 from serve_app.errors import OverloadedError, StageUnavailableError
-from serve_app.messages import TextPrompt, TokenizeRequest
+from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
 
 
 class FailingHandle:
@@ -55,3 +57,61 @@ async def test_other_errors_pass_through() -> None:
     tokenizer = HandleTokenizer(FailingHandle(KeyError("x")))  # type: ignore[arg-type]
     with pytest.raises(KeyError):
         await tokenizer.detokenize([1])
+
+
+class Pending:
+    """A Serve response that never completes; records whether it was cancelled."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def __await__(self) -> Any:
+        return asyncio.sleep(3600).__await__()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class PendingGenerator(DeploymentResponseGenerator):  # type: ignore[type-arg]
+    """A streaming Serve response that never sends a chunk; records whether it was cancelled."""
+
+    def __init__(self) -> None:  # no Serve router behind it
+        self.cancelled = False
+
+    async def __anext__(self) -> Any:
+        await asyncio.sleep(3600)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class PendingHandle:
+    def __init__(self, response: Any) -> None:
+        self.response = response
+
+    def __getattr__(self, method: str) -> Any:
+        return self
+
+    def options(self, **_: Any) -> PendingHandle:
+        return self
+
+    def remote(self, *args: Any) -> Any:
+        return self.response
+
+
+async def test_leaving_a_unary_call_early_cancels_it_in_the_replica() -> None:
+    response = Pending()
+    tokenizer = HandleTokenizer(PendingHandle(response))  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):  # as the request's deadline does
+            await tokenizer.tokenize(TokenizeRequest(TextPrompt("hi"), add_special_tokens=True))
+    assert response.cancelled
+
+
+async def test_leaving_a_stream_early_cancels_it_in_the_replica() -> None:
+    response = PendingGenerator()
+    llm = HandleLLM(PendingHandle(response))  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await anext(aiter(llm.generate(GenerateRequest("r", [1], SamplingSpec(max_tokens=1)))))
+    assert response.cancelled
