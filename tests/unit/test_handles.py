@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc
 import pytest
+from grpc.aio import AioRpcError, Metadata
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponseGenerator
@@ -31,7 +33,14 @@ class FailingHandle:
         return self._raise()
 
 
-@pytest.mark.parametrize("error", [ActorDiedError(), ActorUnavailableError("Actor is unavailable.", None)])
+LOST = [
+    ActorDiedError(),
+    ActorUnavailableError("Actor is unavailable.", None),
+    AioRpcError(grpc.StatusCode.UNAVAILABLE, Metadata(), Metadata(), "Socket closed"),
+]
+
+
+@pytest.mark.parametrize("error", LOST)
 async def test_a_lost_replica_is_a_503_naming_the_stage_and_is_reported(error: BaseException) -> None:
     lost: list[tuple[str, str]] = []
     tokenizer = HandleTokenizer(FailingHandle(error), lambda stage, detail: lost.append((stage, detail)))  # type: ignore[arg-type]
