@@ -10,12 +10,14 @@ inherit this process's environment: `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, as the M
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from load.serve_config import pin_local_paths
@@ -63,8 +65,14 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
         # deleting the applications first lets each deployment drain (graceful_shutdown_timeout_s).
         for name in serve.status().applications:
             serve.delete(name)
+        cluster = psutil.Process().children(recursive=True)
         serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
+        # Measured: Ray's dashboard and runtime-env agents outlive ray.shutdown(), ignoring SIGTERM.
+        _, alive = psutil.wait_procs(cluster, timeout=10)
+        for proc in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):  # it exited after all
+                proc.kill()
 
 
 def main() -> None:
