@@ -21,8 +21,7 @@ from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.hostile_corpus import CASES, HI, SPEECH, HostileCase, check_error
 from tests.unit.conftest import FakeLLM
-from tests.unit.test_speech_serving import TTS, FakeTalker, FakeVocoder
-from tests.unit.tts_support import tiny_orpheus_path
+from tests.unit.tts_support import TTS, FakeTalker, FakeVocoder, tiny_orpheus_path
 
 
 def _stages(args: AppArgs) -> Iterator[TokenizerStage]:

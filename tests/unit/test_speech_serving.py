@@ -11,7 +11,7 @@ import io
 import math
 import time
 import wave
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,79 +19,18 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import parse_app_args
 from serve_app.errors import ServiceUnavailableError
 from serve_app.ingress.app import create_app
 from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.pipeline import Services
-from serve_app.messages import AudioChunk, ChoiceDelta, GenerateRequest, GenerationChunk, VocodeRequest
+from serve_app.messages import AudioChunk, VocodeRequest
 from serve_app.models.tiny_orpheus import ensure_tiny_orpheus_model
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import REPO
+from tests.unit.tts_support import RATE, SAMPLES, TTS, FakeTalker, FakeVocoder
 
 SPEECH = "/v1/audio/speech"
-RATE = 24_000
-SAMPLES = 4  # per frame, in the fake vocoder
-TTS = {"codec": "unused", "voices": ["tara", "leo"], "max_input_chars": 200, "audio_s_per_char": 0.05,
-       "max_audio_s": 20.0, "first_chunk_frames": 2, "chunk_frames": 3, "context_frames": 1,
-       "max_chunks_in_flight": 2, "max_streams": 2, "samples_per_frame": 2048}  # fmt: skip
-
-
-class FakeTalker:
-    """Emits `max_tokens` audio tokens (code k at step k), 5 per chunk, like a talker that never stops."""
-
-    def __init__(self, layout: OrpheusLayout) -> None:
-        self.layout = layout
-        self.requests: list[GenerateRequest] = []
-        self.closed = 0
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
-        self.requests.append(request)
-        total = request.sampling.max_tokens
-        try:
-            for start in range(0, total, 5):
-                ids = [self.layout.audio_offset + (k % 7) * 4096 + k for k in range(start, min(start + 5, total))]
-                last = start + 5 >= total
-                yield GenerationChunk([ChoiceDelta(0, "", ids, "length" if last else None)], 10, last)
-                await asyncio.sleep(0)
-        except GeneratorExit:
-            self.closed += 1
-            raise
-
-    async def check_health(self) -> None:
-        return None
-
-    async def metrics_text(self) -> str:
-        return ""
-
-
-class FakeVocoder:
-    """Audio of a frame = its first code, repeated SAMPLES times; records the calls in flight."""
-
-    def __init__(self) -> None:
-        self.requests: list[VocodeRequest] = []
-        self.in_flight = 0
-        self.most_in_flight = 0
-        self.delay_s = 0.0
-        self.error: BaseException | None = None
-
-    async def decode(self, request: VocodeRequest) -> AudioChunk:
-        self.requests.append(request)
-        self.in_flight += 1
-        self.most_in_flight = max(self.most_in_flight, self.in_flight)
-        try:
-            await asyncio.sleep(self.delay_s)
-            if self.error is not None:
-                raise self.error
-            codes = [frame[0] for frame in request.frames[request.context :]]
-            samples = np.repeat(np.array(codes, dtype="<i2"), SAMPLES)
-            return AudioChunk(samples.tobytes(), RATE, 0.001)
-        finally:
-            self.in_flight -= 1
-
-    async def check_health(self) -> None:
-        return None
 
 
 @pytest.fixture(scope="module")
