@@ -28,9 +28,10 @@ async def tokenize(services: Services, request: TokenizeRequest) -> TokenizeResp
     else:
         prompt = messages.TextPrompt(text=request.prompt)
         add_special = request.add_special_tokens is not False
-    result = await services.tokenizer.tokenize(
-        messages.TokenizeRequest(prompt, add_special_tokens=add_special, check_context=False)
-    )
+    with services.metrics.stage_in_flight.labels("tokenizer").track_inprogress():
+        result = await services.tokenizer.tokenize(
+            messages.TokenizeRequest(prompt, add_special_tokens=add_special, check_context=False)
+        )
     return TokenizeResponse(
         count=len(result.token_ids), max_model_len=services.args.model.max_model_len, tokens=result.token_ids
     )
@@ -38,4 +39,5 @@ async def tokenize(services: Services, request: TokenizeRequest) -> TokenizeResp
 
 async def detokenize(services: Services, request: DetokenizeRequest) -> DetokenizeResponse:
     check_model(services, request.model)
-    return DetokenizeResponse(prompt=await services.tokenizer.detokenize(request.tokens))
+    with services.metrics.stage_in_flight.labels("tokenizer").track_inprogress():
+        return DetokenizeResponse(prompt=await services.tokenizer.detokenize(request.tokens))
