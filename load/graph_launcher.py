@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,8 @@ import psutil
 import yaml
 
 from load.serve_config import pin_local_paths
+
+logger = logging.getLogger(__name__)
 
 
 def one_app_config(config_path: str, app: str | None, port: int) -> dict[str, Any]:
@@ -41,6 +44,8 @@ def route_prefix(config: dict[str, Any]) -> str:
 
 
 def _exit(signum: int, frame: Any) -> None:
+    # A second SIGTERM (a process manager repeating itself) must not cut the drain below short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise SystemExit(0)  # so that the `finally` below shuts Serve and Ray down
 
 
@@ -51,8 +56,11 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
     from ray.serve.schema import ServeDeploySchema
 
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-    signal.signal(signal.SIGTERM, _exit)
     ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+    # After ray.init, which installs its node's own SIGTERM handler: that one tears the cluster down at
+    # once (measured: streams cut with error events, the raylet SIGKILLed after its 1 s of grace, and its
+    # agents, left blocked reporting that to the dead GCS, orphaned) and skipped the `finally` below.
+    signal.signal(signal.SIGTERM, _exit)
     try:
         serve.start(http_options=config["http_options"])
         client = _get_global_client()
@@ -61,18 +69,32 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
         while True:
             signal.pause()
     finally:
-        # serve.shutdown() alone stops the proxy and every replica within seconds, cutting streams short;
-        # deleting the applications first lets each deployment drain (graceful_shutdown_timeout_s).
-        for name in serve.status().applications:
-            serve.delete(name)
-        cluster = psutil.Process().children(recursive=True)
-        serve.shutdown()  # type: ignore[no-untyped-call]
-        ray.shutdown()
-        # Measured: Ray's dashboard and runtime-env agents outlive ray.shutdown(), ignoring SIGTERM.
-        _, alive = psutil.wait_procs(cluster, timeout=10)
-        for proc in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):  # it exited after all
-                proc.kill()
+        try:
+            # serve.shutdown() alone stops the proxy and every replica within seconds, cutting streams
+            # short; deleting the applications first lets each deployment drain (graceful_shutdown_timeout_s).
+            for name in serve.status().applications:
+                serve.delete(name)
+            serve.shutdown()  # type: ignore[no-untyped-call]
+        finally:
+            stop_cluster(ray.shutdown)
+
+
+def stop_cluster(shutdown: Callable[[], None], grace_s: float = 10.0) -> None:
+    """Runs `shutdown` (ray.shutdown), then kills what of this process's cluster outlives it by `grace_s`.
+
+    ray.shutdown() gives the raylet 1 s to exit after SIGTERM before it SIGKILLs it; a raylet killed
+    that way cannot stop its dashboard and runtime-env agents, which then notice it gone only to block
+    on the dead GCS while reporting it, deaf to SIGTERM (measured on 2 loaded cores).
+    """
+    cluster = psutil.Process().children(recursive=True)
+    shutdown()
+    _, alive = psutil.wait_procs(cluster, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):  # it exited after all
+            logger.warning(
+                "killing %s (pid %d): still running %.0f s after ray.shutdown()", proc.name(), proc.pid, grace_s
+            )
+            proc.kill()
 
 
 def main() -> None:

@@ -1,0 +1,53 @@
+"""load.graph_launcher's shutdown: what outlives ray.shutdown() is killed; a second SIGTERM cannot cut it short."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from load.graph_launcher import _exit, stop_cluster
+
+# Like Ray's agents whose raylet was SIGKILLed: deaf to SIGTERM.
+DEAF = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
+
+
+@pytest.fixture()
+def deaf_child() -> Iterator[subprocess.Popen[str]]:
+    child = subprocess.Popen([sys.executable, "-c", DEAF], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    child.stdout.readline()  # its SIGTERM handler is in place
+    yield child
+    if child.poll() is None:
+        child.kill()
+    child.wait()
+
+
+def test_stop_cluster_kills_what_outlives_the_shutdown(deaf_child: subprocess.Popen[str]) -> None:
+    terminated: list[int] = []
+
+    def shutdown() -> None:  # as ray.shutdown() does to the processes it knows
+        deaf_child.terminate()
+        terminated.append(deaf_child.pid)
+
+    started = time.monotonic()
+    stop_cluster(shutdown, grace_s=0.5)
+    assert terminated == [deaf_child.pid]
+    assert deaf_child.wait(timeout=5) == -signal.SIGKILL
+    assert time.monotonic() - started < 5
+
+
+def test_sigterm_exits_once_and_ignores_a_second() -> None:
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit):
+            _exit(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored, or this test run would end here
+    finally:
+        signal.signal(signal.SIGTERM, previous)
