@@ -258,12 +258,20 @@ class AuthConfig(_Strict):
 class AdmissionConfig(_Strict):
     """How the ingress answers a request it does not admit: a stage at its queue limit (`stage_full`),
     the engine's waiting queue full (`engine_queue_full`), `tts.max_streams` speech streams
-    (`max_streams`)."""
+    (`max_streams`), the ingress at `max_in_flight` (`ingress_full`)."""
 
     status_code: Literal[503, 429] = Field(
         default=503, description="HTTP status of a rejection: 503 (server busy) or 429 (clients that back off on it)."
     )
     retry_after_s: int = Field(default=1, ge=0, le=3600, description="`Retry-After` header of a rejection, in seconds.")
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Generation requests (chat, completions, speech) one ingress replica holds at once, streams "
+        "included; more are refused (reason `ingress_full`). Set it below the ingress deployment's "
+        "`max_ongoing_requests`, whose overflow Serve's proxy refuses with a plain-text 503. Unset: no limit here.",
+    )
 
 
 class HealthConfig(_Strict):

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.config import AdmissionConfig
 from serve_app.errors import OpenAIError, OverloadedError, find_openai_error
+from serve_app.ingress.admission import InFlightLimit
 from serve_app.ingress.auth import ApiKeyAuth, load_keys
 from serve_app.ingress.body_limit import BodySizeLimit
 from serve_app.ingress.chat.protocol import ChatCompletionRequest
@@ -27,6 +28,7 @@ from serve_app.ingress.chat.serving import create_chat_completion
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
 from serve_app.ingress.deadline import Deadline, request_deadline
+from serve_app.ingress.paths import KNOWN_PATHS, route_path
 from serve_app.ingress.pipeline import Services
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
 from serve_app.ingress.speech.protocol import SpeechRequest
@@ -69,10 +71,6 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {first.get('msg')}" if param else str(first.get("msg"))), param
 
 
-_KNOWN_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/audio/speech", "/v1/models",
-                          "/tokenize", "/detokenize", "/health", "/metrics"})  # fmt: skip
-
-
 class _RequestMetrics:
     """Counts requests by endpoint and status, and those in flight (pure ASGI: streams stay intact)."""
 
@@ -84,7 +82,8 @@ class _RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        endpoint = scope["path"] if scope["path"] in _KNOWN_PATHS else "other"
+        path = route_path(scope)
+        endpoint = path if path in KNOWN_PATHS else "other"
         status = "disconnected"
         start = time.perf_counter()
 
@@ -121,16 +120,18 @@ def create_app(services: Services) -> FastAPI:
         # in-process engine, whose child process would otherwise outlive us.
         await services.close()
 
-    app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
-    app.add_middleware(BodySizeLimit, max_bytes=services.args.limits.max_request_bytes)
-    auth = services.args.auth
-    app.add_middleware(ApiKeyAuth, keys=load_keys(auth), max_concurrent_per_key=auth.max_concurrent_per_key)
-    app.add_middleware(_RequestMetrics, services=services)
-
     def render(error: OpenAIError) -> JSONResponse:
         if isinstance(error, OverloadedError):
             services.metrics.rejections.labels(error.stage, error.reason).inc()
         return error_response(error, services.args.admission)
+
+    app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
+    # Outermost last: metrics see every answer; a request without a valid key takes no admission slot.
+    app.add_middleware(BodySizeLimit, max_bytes=services.args.limits.max_request_bytes)
+    app.add_middleware(InFlightLimit, limit=services.args.admission.max_in_flight, render=render)
+    auth = services.args.auth
+    app.add_middleware(ApiKeyAuth, keys=load_keys(auth), max_concurrent_per_key=auth.max_concurrent_per_key)
+    app.add_middleware(_RequestMetrics, services=services)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:

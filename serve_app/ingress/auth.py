@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.config import AuthConfig
 from serve_app.errors import AuthenticationError, OpenAIError, RateLimitError
+from serve_app.ingress.paths import route_path
 
 # Probes (load balancers, Kubernetes, Ray Serve's own checks) carry no credentials.
 OPEN_PATHS = frozenset({"/health"})
@@ -49,7 +50,7 @@ class ApiKeyAuth:
         return matches.index(True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or not self.keys or route_path(scope) in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         index = self._key_index(dict(scope["headers"]).get(b"authorization"))

@@ -3,6 +3,8 @@ Retry-After, before any byte of a stream, and is counted by stage and reason."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import pickle
 from typing import Any
 
@@ -13,7 +15,8 @@ from ray.serve.exceptions import BackPressureError
 from deployments.handles import HandleLLM, HandleTokenizer
 from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OverloadedError
-from serve_app.ingress.app import create_app
+from serve_app.ingress.admission import InFlightLimit
+from serve_app.ingress.app import create_app, error_response
 from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.pipeline import Services
 from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
@@ -118,3 +121,59 @@ async def test_a_full_stage_behind_a_handle_is_stage_full() -> None:
     with pytest.raises(OverloadedError) as raised:
         await anext(aiter(HandleLLM(FullHandle()).generate(request)))  # type: ignore[arg-type]
     assert (raised.value.stage, raised.value.reason) == ("llm", "stage_full")
+
+
+async def call(app: Any, path: str, root_path: str = "") -> tuple[int, dict[str, str], bytes]:
+    """One request through a pure ASGI app: status, headers and body."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": root_path + path, "root_path": root_path, "headers": [],
+             "query_string": b""}  # fmt: skip
+    await app(scope, receive, send)
+    start = sent[0]
+    headers = {k.decode(): v.decode() for k, v in start["headers"]}
+    return start["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
+
+
+async def test_the_ingress_refuses_generation_requests_beyond_max_in_flight() -> None:
+    release = asyncio.Event()
+
+    async def slow_app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        if scope["path"].endswith("/v1/chat/completions"):
+            await release.wait()  # a stream in progress: it holds its slot until its last byte
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    refused: list[OverloadedError] = []
+
+    def render(error: Any) -> Any:
+        refused.append(error)
+        return error_response(error, AdmissionConfig(status_code=429, retry_after_s=2))
+
+    limit = InFlightLimit(slow_app, 1, render)
+    stream = asyncio.create_task(call(limit, "/v1/chat/completions", root_path="/vision"))
+    await asyncio.sleep(0.01)
+    status, headers, body = await call(limit, "/v1/completions", root_path="/vision")
+    assert (status, headers["retry-after"]) == (429, "2")
+    assert json.loads(body)["error"]["code"] == "overloaded"
+    assert [(e.stage, e.reason) for e in refused] == [("ingress", "ingress_full")]
+    # Probes and other routes are never refused, and the slot frees when the stream ends.
+    assert (await call(limit, "/health", root_path="/vision"))[0] == 200
+    release.set()
+    assert (await stream)[0] == 200
+    assert (await call(limit, "/v1/completions"))[0] == 200
+    assert limit.in_flight == 0
+
+
+def test_the_app_takes_max_in_flight_from_the_config(app_args: AppArgs, tokenizer_stage: TokenizerStage,
+                                                  fake_llm: FakeLLM) -> None:  # fmt: skip
+    client = client_with(app_args, tokenizer_stage, fake_llm, max_in_flight=1)
+    limit = next(m for m in client.app.user_middleware if m.cls is InFlightLimit)  # type: ignore[attr-defined]
+    assert limit.kwargs["limit"] == 1
+    assert client.post("/v1/chat/completions", json=CHAT).status_code == 200
