@@ -70,8 +70,8 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
             signal.pause()
     finally:
         try:
-            # serve.shutdown() alone stops the proxy and every replica within seconds, cutting streams
-            # short; deleting the applications first lets each deployment drain (graceful_shutdown_timeout_s).
+            # serve.delete waits for each deployment's drain (graceful_shutdown_timeout_s), so in-flight
+            # streams finish before Serve and Ray go.
             for name in serve.status().applications:
                 serve.delete(name)
             serve.shutdown()  # type: ignore[no-untyped-call]
