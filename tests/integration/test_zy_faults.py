@@ -113,9 +113,11 @@ def test_zy_tokenizer_killed_mid_request(graph: str) -> None:
         failed_s = time.monotonic() - killed_at
     assert_stage_error(response, "stage_unavailable", "tokenizer")
     assert stage_detail(graph, "tokenizer") != "ok"
+    red_s = time.monotonic() - killed_at
     recovered_s = wait_recovered(graph, APP, "tokenizer", pid, killed_at)
     assert chat(graph, "tiny-chat").status_code == 200
-    line = record("tokenizer killed mid-request", error_after=failed_s, recovered_after=recovered_s)
+    line = record("tokenizer killed mid-request", error_after=failed_s, health_red_after=red_s,
+                  recovered_after=recovered_s)  # fmt: skip
     assert failed_s < ERROR_WITHIN_S, line
 
 
@@ -155,9 +157,11 @@ def test_zy_multimodal_killed_mid_image_request(graph: str, slow_image_url: str)
         failed_s = time.monotonic() - killed_at
     assert_stage_error(response, "stage_unavailable", "multimodal")
     assert stage_detail(vision, "multimodal") != "ok"
+    red_s = time.monotonic() - killed_at
     recovered_s = wait_recovered(vision, VISION_APP, "multimodal", pid, killed_at)
     assert chat(vision, "tiny-llava").status_code == 200
-    line = record("multimodal killed mid-request", error_after=failed_s, recovered_after=recovered_s)
+    line = record("multimodal killed mid-request", error_after=failed_s, health_red_after=red_s,
+                  recovered_after=recovered_s)  # fmt: skip
     assert failed_s < ERROR_WITHIN_S, line
 
 
@@ -226,9 +230,11 @@ def test_zy_engine_killed_mid_stream(graph: str) -> None:
     assert "engine died" in error["message"], error
     assert error["type"] == "ServiceUnavailableError"
     assert health_status(graph) == 503
+    red_s = time.monotonic() - killed_at
     recovered_s = wait_recovered(graph, APP, "llm", replica, killed_at)
     assert chat(graph, "tiny-chat").status_code == 200
-    line = record("engine killed mid-stream", error_after=failed_s, recovered_after=recovered_s)
+    line = record("engine killed mid-stream", error_after=failed_s, health_red_after=red_s,
+                  recovered_after=recovered_s)  # fmt: skip
     assert failed_s < ERROR_WITHIN_S, line
 
 
