@@ -133,17 +133,21 @@ def _group_gone(process: subprocess.Popen[bytes], timeout_s: float) -> bool:
 
 
 def stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """SIGTERM to the whole process group, SIGKILL to what is left of it after `timeout_s`.
+    """SIGTERM to the server's main process, SIGKILL to what is left of its process group after `timeout_s`.
 
-    The group, not the process: vLLM's engine core is a child that can outlive the server's main
-    process by seconds while it tears down.
+    SIGTERM to the main process only: it tears its children down in order (the graph launcher drains
+    Serve, then stops Ray; a group-wide SIGTERM would kill Ray's processes under it and orphan the llm
+    replica's engine). The group then, because vLLM's engine core is a child that can outlive the
+    server's main process by seconds while it tears down.
     """
-    for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-        with suppress(ProcessLookupError):  # the group may have ended on its own
-            os.killpg(process.pid, sig)
-        if _group_gone(process, wait_s):
-            return
-    raise RuntimeError(f"process group {process.pid} ({process.args!r}) survived SIGKILL")
+    with suppress(ProcessLookupError):  # it may have ended on its own
+        process.send_signal(signal.SIGTERM)
+    if _group_gone(process, timeout_s):
+        return
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    if not _group_gone(process, 5.0):
+        raise RuntimeError(f"process group {process.pid} ({process.args!r}) survived SIGKILL")
 
 
 @contextmanager

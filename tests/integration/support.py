@@ -21,8 +21,6 @@ VISION_APP = "vision-app"
 VISION_PREFIX = "/vision"
 # The vision app's engine hang watchdog, small so that test_zy_faults.py sees it fire within seconds.
 WATCHDOG_TIMEOUT_S = 8.0
-# The vision app's engine hang watchdog, small so that test_zy_faults.py sees it fire within seconds.
-WATCHDOG_TIMEOUT_S = 8.0
 TTS_PREFIX = "/tts"
 # A fourth application in the test config only: tiny-chat with tiny limits, so that one request fills the
 # engine (backpressure, disconnect and deadline tests) and its tokenizer autoscales within seconds.
@@ -50,7 +48,6 @@ def load_test_config() -> dict[str, Any]:
     for app in pin_local_paths(config, ROOT)["applications"]:
         if "multimodal" in app["args"]:
             app["args"]["multimodal"]["fetch"] = {"allowed_hosts": [ALLOWED_LOOPBACK], "timeout_s": 5}
-            app["args"]["engine"]["watchdog_timeout_s"] = WATCHDOG_TIMEOUT_S
             app["args"]["engine"]["watchdog_timeout_s"] = WATCHDOG_TIMEOUT_S
     config["applications"].append(limits_app(config["applications"][0]))
     for app in config["applications"]:

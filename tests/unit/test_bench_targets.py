@@ -180,3 +180,47 @@ def test_graph_launcher_keeps_one_app_with_pinned_paths() -> None:
     assert route_prefix(one_app_config("configs/cpu-tiny.yaml", None, 8123)) == ""
     with pytest.raises(SystemExit, match="no application"):
         one_app_config("configs/cpu-tiny.yaml", "nope", 8123)
+
+
+IGNORES_SIGTERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+IGNORES_SIGTERM += "time.sleep(60)"
+# A server whose main process tears its child down on SIGTERM, as the graph launcher stops Ray. The child
+# notes any SIGTERM it gets: a group-wide one would reach it under its parent's feet.
+CHILD = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], 'w').write('x')); "
+CHILD += "print('ready', flush=True); time.sleep(60)"
+ORDERLY_SERVER = f"""
+import signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", {CHILD!r}, sys.argv[2]], stdout=subprocess.PIPE)
+child.stdout.readline()
+def stop(*_):
+    child.kill(); child.wait(); open(sys.argv[1], "w").write("orderly"); sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_stop_lets_the_main_process_tear_down_its_children(tmp_path: Path) -> None:
+    import subprocess
+
+    stopped, child_signalled = tmp_path / "stopped", tmp_path / "child-got-sigterm"
+    process = subprocess.Popen([sys.executable, "-c", ORDERLY_SERVER, str(stopped), str(child_signalled)],
+                               stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+    targets.stop(process, timeout_s=10)
+    assert stopped.read_text() == "orderly"
+    assert not child_signalled.exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, 0)
+
+
+def test_stop_kills_a_group_that_ignores_sigterm(tmp_path: Path) -> None:
+    import subprocess
+
+    code = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"
+    )
+    process = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+    targets.stop(process, timeout_s=0.5)
+    assert process.returncode == -9
