@@ -36,7 +36,6 @@ from load.bench.cli import Bar, build_dataset
 from load.bench.datasets import IMAGE_TEXT_LEN, TEXT_INPUT_LEN, fetch_model
 from load.bench.metrics import meets_slos, summarize_ms, ttft
 from load.bench.runner import Cell, CellResult, Runner, Target, Workload
-from load.meta import run_meta
 from load.stats import summary_ms
 
 NAME = "target"
@@ -275,14 +274,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         finally:
             progress.close()
     print(f"capacity: {capacity:.2f} req/s")
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}
     results = build(opts, capacity, cells, progress.sent, sampler.samples)
-    results.update(run_meta("load.overload", list(argv) if argv is not None else None), config=config,
-                   target={"url": url, "model": model.name}, label=opts.label)  # fmt: skip
-    report.write(results, out, markdown)
-    print(markdown(results))
-    print(f"results in {out}/")
-    return results
+    return report.save(results, opts, "load.overload", argv, out, markdown, target={"url": url, "model": model.name})
 
 
 if __name__ == "__main__":

@@ -46,7 +46,6 @@ from load.bench.datasets import (
 from load.bench.health import loop_lag
 from load.bench.metrics import summarize_ms, ttft
 from load.bench.runner import SendNext, arrival_offsets, open_loop
-from load.meta import run_meta
 
 # Kind -> the default config's route prefix of its app.
 PREFIXES = {"text": "", "image": "/vision", "speech": "/tts"}
@@ -323,13 +322,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     kinds = streams(opts)
     with rss.RssSampler(opts.rss_interval, opts.rss_root_pid) as sampler:
         t0, records, lags = asyncio.run(run(opts, kinds))
-    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}
     results = build(opts, t0, records, sampler.samples, lags)
-    results.update(run_meta("load.soak", list(argv) if argv is not None else None), config=config, label=opts.label)
-    report.write(results, out, markdown)
-    print(markdown(results))
-    print(f"results in {out}/")
-    return results
+    return report.save(results, opts, "load.soak", argv, out, markdown)
 
 
 if __name__ == "__main__":

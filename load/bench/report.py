@@ -12,6 +12,7 @@ from load.bench import health, metrics
 from load.bench.client import RequestRecord
 from load.bench.runner import CellResult, Workload
 from load.bench.sse import STAGE_HEADERS
+from load.meta import run_meta
 from load.stats import summary_ms
 
 # Client loop lag above which the markdown warns: a 10 ms sleeper woken this late means the client
@@ -253,3 +254,16 @@ def write(results: dict[str, Any], out_dir: Path, render: Callable[[dict[str, An
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "results.json").write_text(json.dumps(jsonable(results), indent=2) + "\n")
     (out_dir / "results.md").write_text(render(results))
+
+
+def save(
+    results: dict[str, Any], opts: Any, module: str, argv: Sequence[str] | None, out_dir: Path,
+    render: Callable[[dict[str, Any]], str], **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """`results` with the command, date, machine, options and label; written under `out_dir` and printed."""
+    config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}
+    results.update(run_meta(module, list(argv) if argv is not None else None), config=config, label=opts.label, **extra)
+    write(results, out_dir, render)
+    print(render(results))
+    print(f"results in {out_dir}/")
+    return results
