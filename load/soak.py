@@ -38,6 +38,7 @@ from load.bench.datasets import (
     IMAGE_TEXT_LEN,
     TEXT_INPUT_LEN,
     Dataset,
+    Prompt,
     WordDataset,
     fetch_model,
     positive_int,
@@ -83,6 +84,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=120.0, help="seconds without a byte that count as a hang")
     p.add_argument("--rss-interval", type=float, default=1.0, help="seconds between RSS samples")
     p.add_argument("--rss-root-pid", type=int, help="count only processes below this one (default: all Serve's)")
+    p.add_argument(
+        "--honor-retry-after",
+        action="store_true",
+        help=f"a refused request (503/429 + Retry-After) waits and is sent again, {MAX_ATTEMPTS} attempts "
+        "in all, as the OpenAI SDK does; its latency counts from the first attempt",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--label", default="", help="what is special about this run, for the report")
@@ -130,6 +137,25 @@ def streams(opts: argparse.Namespace) -> list[Stream]:
     return built
 
 
+# A client that honours Retry-After, as the OpenAI SDK does (it retries 429 and 503 twice by default).
+MAX_ATTEMPTS = 3
+
+
+def is_retryable(record: RequestRecord) -> bool:
+    return outcomes.outcome(record) == outcomes.REJECTED and record.retry_after_s is not None
+
+
+def since(record: RequestRecord, first_sent: float) -> RequestRecord:
+    """`record` with its times counted from `first_sent`, the first attempt's send: waits and refused
+    attempts count in the latency a retrying client sees."""
+    shift = record.sent_at - first_sent
+    if shift:
+        record.sent_at = first_sent
+        record.content_times = [t + shift for t in record.content_times]
+        record.latency = None if record.latency is None else record.latency + shift
+    return record
+
+
 async def _lag_clock(stop: asyncio.Event, lags: list[tuple[float, float]]) -> None:
     """The bench's loop-lag sampler in one-second slices, each kept as (its end, its worst lag), so that
     a window can tell whether the client stalled in it."""
@@ -149,13 +175,22 @@ async def _report_progress(stop: asyncio.Event, t0: float, window_s: float, coun
         print(f"[{time.perf_counter() - t0:6.0f} s] {done}", flush=True)
 
 
-async def run(
-    opts: argparse.Namespace, kinds: Sequence[Stream]
-) -> tuple[float, dict[str, list[RequestRecord]], list[tuple[float, float]]]:
-    """All kinds at once, each on its own Poisson arrivals; returns the start (perf_counter), each kind's
-    records, and the client's loop lag as (time, worst lag of the second before)."""
+@dataclass(frozen=True)
+class Run:
+    """The start (perf_counter), each kind's records, the client's loop lag as (time, worst lag of the
+    second before), and each kind's retried refusals (--honor-retry-after)."""
+
+    t0: float
+    records: dict[str, list[RequestRecord]]
+    lags: list[tuple[float, float]]
+    retries: dict[str, int]
+
+
+async def run(opts: argparse.Namespace, kinds: Sequence[Stream]) -> Run:
+    """All kinds at once, each on its own Poisson arrivals."""
     lags: list[tuple[float, float]] = []
     counts = {s.kind: [0, 0] for s in kinds}
+    retries = dict.fromkeys(opts.rates, 0)
     stop = asyncio.Event()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=opts.request_timeout, limits=limits) as client:
@@ -163,14 +198,22 @@ async def run(
         def sender(stream: Stream) -> SendNext:
             index = itertools.count()
 
+            async def send_once(prompt: Prompt) -> RequestRecord:
+                if stream.kind == "speech":
+                    return await tts.send(client, stream.url, stream.model, prompt)
+                return await send(client, stream.url, "chat", stream.model, prompt)
+
             async def send_next() -> RequestRecord:
                 prompt = stream.dataset.prompt(next(index))
-                if stream.kind == "speech":
-                    record = await tts.send(client, stream.url, stream.model, prompt)
-                else:
-                    record = await send(client, stream.url, "chat", stream.model, prompt)
+                record = await send_once(prompt)
+                first_sent, attempts = record.sent_at, 1
+                while opts.honor_retry_after and attempts < MAX_ATTEMPTS and is_retryable(record):
+                    assert record.retry_after_s is not None  # is_retryable checked it
+                    await asyncio.sleep(record.retry_after_s)
+                    record, attempts = await send_once(prompt), attempts + 1
+                    retries[stream.kind] += 1
                 counts[stream.kind][not record.ok] += 1
-                return record
+                return since(record, first_sent)
 
             return send_next
 
@@ -184,7 +227,7 @@ async def run(
         done = await asyncio.gather(*loads)
         stop.set()
         await asyncio.gather(*watchers)
-    return t0, {s.kind: records for s, records in zip(kinds, done, strict=True)}, lags
+    return Run(t0, {s.kind: records for s, records in zip(kinds, done, strict=True)}, lags, retries)
 
 
 def _kind_window(kind: str, records: Sequence[RequestRecord]) -> dict[str, Any]:
@@ -233,8 +276,9 @@ def error_list(t0: float, records: dict[str, list[RequestRecord]], most: int = 5
 
 def build(
     opts: argparse.Namespace, t0: float, records: dict[str, list[RequestRecord]], samples: Sequence[rss.RssSample],
-    lags: Sequence[tuple[float, float]],
+    lags: Sequence[tuple[float, float]], retries: dict[str, int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
+    """The results document; `retries`: refusals that a client honouring Retry-After sent again, per kind."""
     utilization = sum(rate / opts.capacities[kind] for kind, rate in opts.rates.items()) if opts.capacities else None
     errors = sum(not r.ok for rs in records.values() for r in rs)
     document = {
@@ -246,6 +290,7 @@ def build(
         "window_s": opts.window,
         "requests": {kind: len(rs) for kind, rs in records.items()},
         "errors": errors,
+        "retries": retries or {},
         "error_list": error_list(t0, records),
         "windows": windows(t0, opts.duration, opts.window, records, samples, lags),
         "rss_run": rss.summarize(samples),
@@ -287,6 +332,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"Errors: {result['errors']} of {sum(result['requests'].values())} requests"
         + ("" if result["errors"] else " (none)"),
     ]
+    if retried := {kind: n for kind, n in result.get("retries", {}).items() if n}:
+        counts = ", ".join(f"{kind} {n}" for kind, n in retried.items())
+        lines[-1] += f"; refusals waited out (Retry-After) and sent again: {counts}"
     lines += [f"- {line}" for line in result["error_list"]]
     if windows_:
         first, last = windows_[0], windows_[-1]
@@ -321,8 +369,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     out: Path = opts.out or Path("results/soak") / time.strftime("%Y%m%d-%H%M%S")
     kinds = streams(opts)
     with rss.RssSampler(opts.rss_interval, opts.rss_root_pid) as sampler:
-        t0, records, lags = asyncio.run(run(opts, kinds))
-    results = build(opts, t0, records, sampler.samples, lags)
+        done = asyncio.run(run(opts, kinds))
+    results = build(opts, done.t0, done.records, sampler.samples, done.lags, done.retries)
     return report.save(results, opts, "load.soak", argv, out, markdown)
 
 

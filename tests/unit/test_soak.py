@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from load.bench.client import RequestRecord
 from load.rss import MIB, RssSample, StageRss
-from load.soak import build, error_list, kind_values, main, markdown, parse_args, windows
+from load.soak import build, error_list, kind_values, main, markdown, parse_args, since, windows
+from serve_app.config import AdmissionConfig
+from serve_app.errors import OverloadedError
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline import Services
+from serve_app.messages import GenerateRequest, GenerationChunk
 from tests.unit.bench_support import serving
+from tests.unit.conftest import FakeLLM
 
 OPENAI_503 = '{"error":{"message":"overloaded","type":"ServiceUnavailable","param":null,"code":"overloaded"}}'
 T0 = 100.0
@@ -117,3 +122,38 @@ def test_text_soak_end_to_end(url: str, tmp_path: Path) -> None:
     assert [w["start_s"] for w in result["windows"]] == [0.0, 0.5]
     assert sum(w["kinds"]["text"]["requests"] for w in result["windows"]) == result["requests"]["text"]
     assert json.loads((tmp_path / "results.json").read_text())["kind"] == "soak"
+
+
+def test_a_retried_request_counts_from_its_first_attempt() -> None:
+    record = RequestRecord(10.5, 16, 200, latency=0.5, content_times=[0.2, 0.5], output_tokens=2)
+    assert since(record, 10.0) is record
+    assert (record.sent_at, record.content_times, record.latency) == (10.0, [0.7, 1.0], 1.0)
+
+
+class RefusesFirst:
+    """The fake engine behind an engine queue that is full for the first `refusals` requests."""
+
+    def __init__(self, llm: FakeLLM, refusals: int) -> None:
+        self.llm, self.refusals = llm, refusals
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        if self.refusals > 0:
+            self.refusals -= 1
+            raise OverloadedError("full", code="overloaded", stage="llm", reason="engine_queue_full")
+        async for chunk in self.llm.generate(request):
+            yield chunk
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.llm, name)
+
+
+def test_honor_retry_after_sends_a_refused_request_again(services: Services, fake_llm: FakeLLM,
+                                                         tmp_path: Path) -> None:  # fmt: skip
+    services.args = services.args.model_copy(update={"admission": AdmissionConfig(retry_after_s=0)})
+    services.llm = RefusesFirst(fake_llm, refusals=2)
+    args = ["--rate", "text=5", "--duration", "0.5", "--input-len", "16", "--output-len", "4", "--out", str(tmp_path)]
+    with serving(create_app(services)) as base_url:
+        result = main(["--url", base_url, "--honor-retry-after", *args])
+    assert result["errors"] == 0 and result["requests"]["text"] > 0
+    assert result["retries"] == {"text": 2}
+    assert "sent again: text 2" in markdown(result)
