@@ -61,8 +61,12 @@ def tiny_tts_model() -> Path:
 def cluster() -> Iterator[Any]:
     """A fresh multi-node Ray cluster (even if `make serve` has one running on this machine)."""
     import ray
+    from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
     from ray.cluster_utils import Cluster
 
+    # With RAY_AUTH_MODE=token (the Makefile's), the GCS refuses to start without a token: create one as
+    # ray.init() does for a new local cluster (on a fresh machine there is none yet).
+    ensure_token_if_auth_enabled(create_token_if_missing=True)
     nodes = iter(NODES.items())
     name, head = next(nodes)
     cluster = Cluster(initialize_head=True, head_node_args={**head, "resources": {name: 100},
