@@ -48,6 +48,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse}, 429: {"model": ErrorResponse},
     503: {"model": ErrorResponse}, 504: {"model": ErrorResponse},
 }  # fmt: skip
+# With `stream: true` the same routes answer server-sent events.
+_STREAMING: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/event-stream": {}}},
+    **_ERRORS,
+}
 
 
 def error_response(error: OpenAIError, admission: AdmissionConfig | None = None) -> JSONResponse:
@@ -188,11 +193,11 @@ def create_app(services: Services) -> FastAPI:
             body += f"# llm stage metrics unavailable: {type(exc).__name__}\n".encode()
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.post("/v1/chat/completions", responses=_ERRORS)
+    @app.post("/v1/chat/completions", responses=_STREAMING)
     async def chat_completions(request: ChatCompletionRequest, deadline: Deadline | None = with_deadline) -> Any:
         return await create_chat_completion(services, request, deadline)
 
-    @app.post("/v1/completions", responses=_ERRORS)
+    @app.post("/v1/completions", responses=_STREAMING)
     async def completions(request: CompletionRequest, deadline: Deadline | None = with_deadline) -> Any:
         return await create_completion(services, request, deadline)
 
