@@ -225,8 +225,15 @@ class TtsConfig(_Strict):
         default=8,
         ge=1,
         le=10_000,
-        description="Speech streams one ingress replica admits at once; more get 503 + Retry-After instead of "
-        "slowing every admitted stream below real time.",
+        description="Speech streams one ingress replica admits at once; more wait (`max_waiting_streams`) or "
+        "get 503 + Retry-After instead of slowing every admitted stream below real time.",
+    )
+    max_waiting_streams: int = Field(
+        default=8,
+        ge=0,
+        le=10_000,
+        description="Speech requests that wait, in arrival order and within their deadline, for one of the "
+        "`max_streams` to end; more get 503 + Retry-After at once.",
     )
     codec_threads: int = Field(default=1, ge=1, le=64, description="Torch threads per vocoder replica.")
     sample_rate: int = Field(default=24_000, ge=8_000, le=192_000, description="The codec's output rate (SNAC 24 kHz).")

@@ -29,6 +29,7 @@ from serve_app.ingress.deadline import Deadline, deadline_at, within
 from serve_app.ingress.health import HealthMonitor
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.protocol import SamplingRequest
+from serve_app.ingress.slots import Slots
 from serve_app.messages import (
     ChatPrompt,
     ChoiceDelta,
@@ -56,12 +57,16 @@ class Services:
     multimodal: MultimodalClient | None = None
     # None: the model does not speak.
     vocoder: VocoderClient | None = None
-    # Speech streams in progress on this replica, for `tts.max_streams` admission.
-    speech_streams: int = 0
     # The talker's token layout, asked of the tokenizer stage at the first speech request.
     speech_layout: OrpheusLayout | None = None
     # Stages this process owns (in-process stages only; deployments clean up after themselves).
     closers: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
+    # Speech streams of this replica: `tts.max_streams` speaking, `tts.max_waiting_streams` waiting.
+    speech_slots: Slots = field(init=False)
+
+    def __post_init__(self) -> None:
+        tts = self.args.tts
+        self.speech_slots = Slots(tts.max_streams, tts.max_waiting_streams) if tts else Slots(0, 0)
 
     @classmethod
     def create(

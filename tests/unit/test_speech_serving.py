@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from starlette.requests import ClientDisconnect
 
 from serve_app.config import parse_app_args
-from serve_app.errors import ServiceUnavailableError
+from serve_app.errors import DeadlineExceededError, ServiceUnavailableError
 from serve_app.ingress.app import create_app
 from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.pipeline import Services
@@ -178,8 +179,78 @@ async def test_admission_refuses_streams_beyond_max_streams(speech_services: Ser
     for response in admitted:
         async for _ in response.body_iterator:
             pass
-    assert services.speech_streams == 0
+    assert services.speech_slots.held == 0
     await create_speech(services, request)  # a slot is free again
+
+
+@pytest.fixture
+def waiting_services(
+    speech_args: Any, speech_tokenizer: TokenizerStage, talker: FakeTalker, vocoder: FakeVocoder
+) -> Services:
+    """Speech services where one request may wait for a stream slot."""
+    assert speech_args.tts is not None
+    args = speech_args.model_copy(update={"tts": speech_args.tts.model_copy(update={"max_waiting_streams": 1})})
+    return Services.create(args, LocalTokenizer(speech_tokenizer), talker, vocoder=vocoder)
+
+
+async def test_a_stream_beyond_max_streams_waits_for_a_slot(waiting_services: Services, vocoder: FakeVocoder) -> None:
+    from serve_app.ingress.speech.protocol import SpeechRequest
+    from serve_app.ingress.speech.serving import create_speech
+
+    services, slots = waiting_services, waiting_services.speech_slots
+    vocoder.delay_s = 0.02
+    request = SpeechRequest.model_validate(body(stream=True, response_format="pcm"))
+    admitted = [await create_speech(services, request) for _ in range(TTS["max_streams"])]
+    waiting = asyncio.ensure_future(create_speech(services, request))
+    await asyncio.sleep(0.05)
+    assert not waiting.done() and slots.waiting == 1
+    with pytest.raises(ServiceUnavailableError, match="1 are waiting"):
+        await create_speech(services, request)
+    async for _ in admitted[0].body_iterator:
+        pass
+    later = await asyncio.wait_for(waiting, 5)  # the first stream's end let it in
+    for response in [*admitted[1:], later]:
+        async for _ in response.body_iterator:
+            pass
+    assert (slots.held, slots.waiting) == (0, 0)
+
+
+async def test_a_waiting_stream_ends_at_its_deadline(waiting_services: Services, vocoder: FakeVocoder) -> None:
+    from serve_app.ingress.deadline import Deadline
+    from serve_app.ingress.speech.protocol import SpeechRequest
+    from serve_app.ingress.speech.serving import create_speech
+
+    services, slots = waiting_services, waiting_services.speech_slots
+    vocoder.delay_s = 0.02
+    request = SpeechRequest.model_validate(body(stream=True, response_format="pcm"))
+    admitted = [await create_speech(services, request) for _ in range(TTS["max_streams"])]
+    with pytest.raises(DeadlineExceededError):
+        await create_speech(services, request, Deadline.after(0.1))
+    assert (slots.held, slots.waiting) == (TTS["max_streams"], 0)
+    for response in admitted:
+        async for _ in response.body_iterator:
+            pass
+    assert slots.held == 0
+
+
+async def test_a_client_gone_before_the_first_byte_gives_its_slot_back(
+    speech_services: Services, talker: FakeTalker
+) -> None:
+    from serve_app.ingress.speech.protocol import SpeechRequest
+    from serve_app.ingress.speech.serving import create_speech
+
+    response = await create_speech(speech_services, SpeechRequest.model_validate(body(stream=True)))
+
+    async def gone(message: Any) -> None:
+        raise OSError("the client went away")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+    with pytest.raises(ClientDisconnect):
+        await response(scope, receive, gone)  # the body iterator never starts
+    assert speech_services.speech_slots.held == 0 and talker.closed == 1
 
 
 async def test_a_closed_stream_cancels_its_work(
@@ -195,7 +266,7 @@ async def test_a_closed_stream_cancels_its_work(
     await anext(iterator)  # type: ignore[call-overload]
     await iterator.aclose()  # type: ignore[attr-defined]  # the client went away
     assert talker.closed == 1
-    assert services.speech_streams == 0
+    assert services.speech_slots.held == 0
     await asyncio.sleep(0.05)
     assert vocoder.in_flight == 0
 

@@ -33,7 +33,7 @@ RATE = 24_000
 SAMPLES = 4  # per frame, in the fake vocoder
 TTS = {"codec": "unused", "voices": ["tara", "leo"], "max_input_chars": 200, "audio_s_per_char": 0.05,
        "max_audio_s": 20.0, "first_chunk_frames": 2, "chunk_frames": 3, "context_frames": 1,
-       "max_chunks_in_flight": 2, "max_streams": 2, "samples_per_frame": 2048}  # fmt: skip
+       "max_chunks_in_flight": 2, "max_streams": 2, "max_waiting_streams": 0, "samples_per_frame": 2048}  # fmt: skip
 
 
 class FakeTalker:

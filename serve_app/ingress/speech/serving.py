@@ -1,8 +1,9 @@
 """`/v1/audio/speech`: the speech request path.
 
-1. Check the model, voice and input length; admit the stream, or answer 503 with Retry-After when
-   `tts.max_streams` are already speaking (new streams are refused rather than every admitted one
-   falling behind real time).
+1. Check the model, voice and input length; admit the stream. While `tts.max_streams` are already
+   speaking, up to `tts.max_waiting_streams` more wait for one to end (within their deadline); beyond
+   that the answer is 503 with Retry-After (refused rather than every admitted stream falling
+   behind real time).
 2. Tokenizer stage: the talker's prompt (Orpheus layout: start marker, `voice: text`, end markers).
 3. LLM stage: audio-code tokens stream back, exactly as text tokens do.
 4. Codes become frames; frames go to the vocoder in chunks: the first small (time to first audio),
@@ -24,11 +25,11 @@ import base64
 import math
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from serve_app.audio_formats import RESPONSE_FORMATS, wav_header
 from serve_app.codecs.orpheus import FRAME_SIZE, FrameAssembler, OrpheusLayout
@@ -38,6 +39,7 @@ from serve_app.ingress import sse
 from serve_app.ingress.clients import VocoderClient
 from serve_app.ingress.deadline import Deadline, deadline_at, within
 from serve_app.ingress.pipeline import Services, Stream, check_model, new_request_id, start_generation, timing_headers
+from serve_app.ingress.slots import Slots
 from serve_app.ingress.speech.protocol import SpeechRequest
 from serve_app.messages import AudioChunk, SamplingSpec, SpeechPrompt, TokenizeRequest, VocodeRequest
 
@@ -72,14 +74,16 @@ def max_audio_tokens(tts: TtsConfig, text: str, frame_size: int = FRAME_SIZE) ->
 async def create_speech(services: Services, request: SpeechRequest, deadline: Deadline | None = None) -> Response:
     tts, vocoder = _speech_config(services, request)
     layout = await speech_layout(services)
-    if services.speech_streams >= tts.max_streams:
+    slots = services.speech_slots
+    async with within(deadline, "ingress", services.metrics.rejections):
+        admitted = await slots.acquire()
+    if not admitted:
         raise OverloadedError(
-            f"{services.speech_streams} speech streams are in progress, the most this server keeps real-time; "
-            "retry later.",
+            f"{slots.held} speech streams are in progress, the most this server keeps real-time, and "
+            f"{slots.waiting} are waiting; retry later.",
             code="overloaded",
             reason="max_streams",
         )
-    services.speech_streams += 1
     try:
         cap = max_audio_tokens(tts, request.input)
         spec = SamplingSpec(max_tokens=cap, temperature=tts.temperature, top_p=tts.top_p,
@@ -95,22 +99,55 @@ async def create_speech(services: Services, request: SpeechRequest, deadline: De
             await audio.aclose()
             raise
     except BaseException:
-        services.speech_streams -= 1
+        slots.release()
         raise
     headers = timing_headers(stream.timings) | {"X-Audio-Sample-Rate": str(tts.sample_rate)}
+    finish = _Finish(audio, slots)
     if not request.stream:
         try:
-            async with aclosing(audio):
-                pcm = b"".join([first.pcm if first else b"", *[chunk.pcm async for chunk in audio]])
+            pcm = b"".join([first.pcm if first else b"", *[chunk.pcm async for chunk in audio]])
         finally:
-            services.speech_streams -= 1
+            await finish()
         body = wav_header(tts.sample_rate, len(pcm) // 2) + pcm if request.response_format == "wav" else pcm
         return Response(body, media_type=RESPONSE_FORMATS[request.response_format], headers=headers)
     if request.stream_format == "sse":
-        events = sse.encode(_sse_events(services, first, audio, stream))
-        return StreamingResponse(events, media_type="text/event-stream", headers=headers)
-    body_stream = _bytes(services, first, audio, request.response_format == "wav", tts.sample_rate)
-    return StreamingResponse(body_stream, media_type=RESPONSE_FORMATS[request.response_format], headers=headers)
+        events = sse.encode(_sse_events(first, audio, stream, finish))
+        return _SpeechStreamResponse(events, finish, media_type="text/event-stream", headers=headers)
+    body_stream = _bytes(first, audio, finish, request.response_format == "wav", tts.sample_rate)
+    media_type = RESPONSE_FORMATS[request.response_format]
+    return _SpeechStreamResponse(body_stream, finish, media_type=media_type, headers=headers)
+
+
+class _Finish:
+    """Ends a speech stream once, however it ends: its audio closed (pending vocoder calls cancelled,
+    the talker aborted) and its slot given back."""
+
+    def __init__(self, audio: AsyncGenerator[AudioChunk, None], slots: Slots) -> None:
+        self.audio, self.slots, self.done = audio, slots, False
+
+    async def __call__(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            await self.audio.aclose()
+        finally:
+            self.slots.release()
+
+
+class _SpeechStreamResponse(StreamingResponse):
+    """Finishes the stream when the response ends. The body's own `finally` is not enough: Starlette
+    never starts the body iterator when sending the response's start fails (the client already gone)."""
+
+    def __init__(self, content: AsyncIterator[Any], finish: _Finish, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.finish = finish
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.finish()
 
 
 def _capped(spec: SamplingSpec, room: int) -> SamplingSpec:
@@ -178,30 +215,28 @@ async def audio_chunks(
 
 
 async def _bytes(
-    services: Services, first: AudioChunk | None, rest: AsyncGenerator[AudioChunk, None], wav: bool, sample_rate: int
+    first: AudioChunk | None, rest: AsyncGenerator[AudioChunk, None], finish: _Finish, wav: bool, sample_rate: int
 ) -> AsyncIterator[bytes]:
     try:
-        async with aclosing(rest):
-            if wav:
-                yield wav_header(sample_rate, None)
-            if first is not None:
-                yield first.pcm
-            async for chunk in rest:
-                yield chunk.pcm
+        if wav:
+            yield wav_header(sample_rate, None)
+        if first is not None:
+            yield first.pcm
+        async for chunk in rest:
+            yield chunk.pcm
     finally:
-        services.speech_streams -= 1
+        await finish()
 
 
 async def _sse_events(
-    services: Services, first: AudioChunk | None, rest: AsyncGenerator[AudioChunk, None], stream: Stream
+    first: AudioChunk | None, rest: AsyncGenerator[AudioChunk, None], stream: Stream, finish: _Finish
 ) -> AsyncIterator[dict[str, Any]]:
     try:
-        async with aclosing(rest):
-            if first is not None:
-                yield {"type": "speech.audio.delta", "audio": base64.b64encode(first.pcm).decode()}
-            async for chunk in rest:
-                yield {"type": "speech.audio.delta", "audio": base64.b64encode(chunk.pcm).decode()}
-        tokens = {"input_tokens": stream.num_prompt_tokens, "output_tokens": stream.generated_tokens}
-        yield {"type": "speech.audio.done", "usage": tokens | {"total_tokens": sum(tokens.values())}}
+        if first is not None:
+            yield {"type": "speech.audio.delta", "audio": base64.b64encode(first.pcm).decode()}
+        async for chunk in rest:
+            yield {"type": "speech.audio.delta", "audio": base64.b64encode(chunk.pcm).decode()}
     finally:
-        services.speech_streams -= 1
+        await finish()
+    tokens = {"input_tokens": stream.num_prompt_tokens, "output_tokens": stream.generated_tokens}
+    yield {"type": "speech.audio.done", "usage": tokens | {"total_tokens": sum(tokens.values())}}
