@@ -158,6 +158,8 @@ class _ChatUser(_StreamUser):
                 response.failure(failure)
                 return
             response.success()
+        if not state.content_times:
+            return  # served, but its tokens decode to no text: no TTFT to record
         self.record("TTFT", name, state.content_times[0] * 1000)
         if state.output_tokens is not None and state.output_tokens > 1:
             tpot_s = (e2el_s - state.content_times[0]) / (state.output_tokens - 1)

@@ -34,7 +34,7 @@ from load import outcomes, rss
 from load.bench import health, images, report, targets, tts
 from load.bench.cli import Bar, build_dataset
 from load.bench.datasets import IMAGE_TEXT_LEN, TEXT_INPUT_LEN, fetch_model
-from load.bench.metrics import meets_slos, summarize_ms, ttft
+from load.bench.metrics import meets_slos, summarize_ms, ttfts
 from load.bench.runner import Cell, CellResult, Runner, Target, Workload
 from load.stats import summary_ms
 
@@ -127,7 +127,7 @@ def level_summary(result: CellResult, sent: int, ttft_slo_ms: float, arrivals_s:
         "wall_s": wall_s,
         "throughput": len(good) / wall_s,
         "goodput": sum(meets_slos(r, {"ttft": ttft_slo_ms}) for r in good) / wall_s,
-        "ttft_ms": summarize_ms([ttft(r) for r in good]),
+        "ttft_ms": summarize_ms(ttfts(good)),
         "e2el_ms": summarize_ms([r.latency for r in good if r.latency is not None]),
         "rejection_latency_ms": summarize_ms([r.latency for r in rejected if r.latency is not None]),
         "health_ms": health.summarize(result.health),

@@ -45,7 +45,7 @@ from load.bench.datasets import (
     single_token_words,
 )
 from load.bench.health import loop_lag
-from load.bench.metrics import summarize_ms, ttft
+from load.bench.metrics import summarize_ms, ttfts
 from load.bench.runner import SendNext, arrival_offsets, open_loop
 
 # Kind -> the default config's route prefix of its app.
@@ -233,7 +233,7 @@ async def run(opts: argparse.Namespace, kinds: Sequence[Stream]) -> Run:
 def _kind_window(kind: str, records: Sequence[RequestRecord]) -> dict[str, Any]:
     good = [r for r in records if r.ok]
     acc = outcomes.account(records)
-    first = summarize_ms([ttft(r) for r in good])
+    first = summarize_ms(ttfts(good))
     e2el = summarize_ms([r.latency for r in good if r.latency is not None])
     return {
         "requests": acc.sent,
@@ -290,6 +290,8 @@ def build(
         "window_s": opts.window,
         "requests": {kind: len(rs) for kind, rs in records.items()},
         "errors": errors,
+        # Complete streams whose tokens decode to no text (a random model's): served, without a TTFT.
+        "without_text": {kind: sum(r.ok and not r.content_times for r in rs) for kind, rs in records.items()},
         "retries": retries or {},
         "error_list": error_list(t0, records),
         "windows": windows(t0, opts.duration, opts.window, records, samples, lags),
@@ -335,6 +337,9 @@ def markdown(result: dict[str, Any]) -> str:
     if retried := {kind: n for kind, n in result.get("retries", {}).items() if n}:
         counts = ", ".join(f"{kind} {n}" for kind, n in retried.items())
         lines[-1] += f"; refusals waited out (Retry-After) and sent again: {counts}"
+    if silent := {kind: n for kind, n in result.get("without_text", {}).items() if n}:
+        counts = ", ".join(f"{kind} {n}" for kind, n in silent.items())
+        lines[-1] += f"; served streams whose tokens decode to no text (no TTFT): {counts}"
     lines += [f"- {line}" for line in result["error_list"]]
     if windows_:
         first, last = windows_[0], windows_[-1]

@@ -35,6 +35,12 @@ def ttft(record: RequestRecord) -> float:
     return record.content_times[0]
 
 
+def ttfts(records: Sequence[RequestRecord]) -> list[float]:
+    """TTFT of each record with content. A complete stream whose tokens decode to no text (a random
+    model's special tokens) is served but has no TTFT: it counts in `without_text`, not here."""
+    return [ttft(r) for r in records if r.content_times]
+
+
 def itls(record: RequestRecord) -> list[float]:
     times = record.content_times
     return [later - earlier for earlier, later in itertools.pairwise(times)]
@@ -42,7 +48,7 @@ def itls(record: RequestRecord) -> list[float]:
 
 def tpot(record: RequestRecord) -> float | None:
     """(E2EL - TTFT) / (output tokens - 1); undefined for a single output token."""
-    if record.latency is None or record.output_tokens is None or record.output_tokens < 2:
+    if record.latency is None or record.output_tokens is None or record.output_tokens < 2 or not record.content_times:
         return None
     return (record.latency - ttft(record)) / (record.output_tokens - 1)
 
@@ -75,7 +81,9 @@ def meets_slos(record: RequestRecord, slos_ms: dict[str, float]) -> bool:
     """A successful request within every SLO. As vLLM, a request with one output token has TPOT 0."""
     if not record.ok or record.latency is None:
         return False
-    values = {"ttft": ttft(record), "tpot": tpot(record) or 0.0, "e2el": record.latency}
+    # Without text, the end of the stream is the first thing its reader saw.
+    first = ttft(record) if record.content_times else record.latency
+    values = {"ttft": first, "tpot": tpot(record) or 0.0, "e2el": record.latency}
     return all(values[name] * 1000 <= limit for name, limit in slos_ms.items())
 
 
@@ -115,7 +123,8 @@ def compute(records: Sequence[RequestRecord], duration_s: float, slos_ms: dict[s
         "output_throughput": total_output / duration_s,
         "total_token_throughput": (total_input + total_output) / duration_s,
         "request_goodput": sum(meets_slos(r, slos_ms) for r in good) / duration_s if slos_ms else None,
-        "ttft_ms": summarize_ms([ttft(r) for r in good]),
+        "without_text": sum(not r.content_times for r in good),
+        "ttft_ms": summarize_ms(ttfts(good)),
         "tpot_ms": summarize_ms(tpots),
         "itl_ms": summarize_ms([gap for r in good for gap in itls(r)]),
         "e2el_ms": _latencies_ms(good),
@@ -178,7 +187,7 @@ def compute_speech(records: Sequence[RequestRecord], duration_s: float, underrun
         "total_audio_s": audio_s,
         "request_throughput": len(good) / duration_s,
         "audio_throughput": audio_s / duration_s,
-        "ttfa_ms": summarize_ms([ttft(r) for r in good]),
+        "ttfa_ms": summarize_ms(ttfts(good)),
         "e2el_ms": _latencies_ms(good),
         "rtf": summarize([s.rtf for s in streams]),
         "underrun_ms": summarize(underruns_ms),

@@ -76,8 +76,8 @@ class StreamState:
             return self.error
         if not self.done:
             return "stream ended without [DONE]"
-        if not self.content_times:
-            return "no content in stream"
         if self.output_tokens is None:
             return "no usage in stream (stream_options.include_usage ignored?)"
+        if not self.content_times and not self.output_tokens:
+            return "no content in stream"
         return None

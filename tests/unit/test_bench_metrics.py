@@ -74,6 +74,16 @@ def test_compute() -> None:
     assert m["stage_ms"]["tokenizer"] == pytest.approx({"mean": 3.0, "p50": 3.0, "p90": 3.8, "p99": 3.98})
 
 
+def test_a_stream_without_text_is_served_with_no_ttft() -> None:
+    silent = record([], latency=0.4, output_tokens=3)  # tokens that decode to no text
+    m = compute([A, silent], duration_s=1.0, slos_ms={"ttft": 300.0})
+    assert (m["completed"], m["failed"], m["without_text"]) == (2, 0, 1)
+    assert m["ttft_ms"]["p50"] == pytest.approx(200.0)  # A's alone
+    assert tpot(silent) is None
+    assert m["request_goodput"] == 1.0  # its end (400 ms) stands in for TTFT: over the SLO
+    assert meets_slos(silent, {"ttft": 400.0})
+
+
 def test_goodput() -> None:
     # A misses ttft, B misses tpot; C meets both (one token counts as TPOT 0, as in vLLM).
     assert compute([A, B, C, D], 2.0, parse_slos(["ttft:150", "tpot:150"]))["request_goodput"] == 0.5

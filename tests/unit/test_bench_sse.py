@@ -50,10 +50,17 @@ def test_text_completion_chunks() -> None:
 def test_failures() -> None:
     assert feed([text("x"), "data: [DONE]"]).failure() == "no usage in stream (stream_options.include_usage ignored?)"
     assert feed([text("x"), USAGE]).failure() == "stream ended without [DONE]"
-    assert feed([USAGE, "data: [DONE]"]).failure() == "no content in stream"
+    none = data({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 0, "total_tokens": 7}})
+    assert feed([none, "data: [DONE]"]).failure() == "no content in stream"
     error = data({"error": {"message": "The stream failed: RuntimeError", "type": "x", "code": 500}})
     assert feed([text("x"), error, "data: [DONE]"]).failure() == "The stream failed: RuntimeError"
     assert feed(["data: {not json"]).failure() == "invalid SSE payload: {not json"
+
+
+def test_tokens_without_text_are_a_complete_stream() -> None:
+    state = feed([chat({"role": "assistant", "content": ""}), chat({}, finish="length"), USAGE, "data: [DONE]"])
+    assert state.content_times == [] and state.output_tokens == 3
+    assert state.failure() is None
 
 
 def test_stage_headers() -> None:

@@ -94,6 +94,14 @@ def test_report_first_against_last_window() -> None:
     assert "**The client stalled**" in page
 
 
+def test_streams_without_text_are_served_and_reported() -> None:
+    opts = parse_args(["--rate", "text=3", "--duration", "3", "--window", "1"])
+    silent = RequestRecord(100.2, 16, 200, latency=0.4, output_tokens=2)
+    result = build(opts, T0, {"text": [*RECORDS["text"][:3], silent]}, [], [])
+    assert (result["errors"], result["without_text"]) == (0, {"text": 1})
+    assert "served streams whose tokens decode to no text (no TTFT): text 1" in markdown(result)
+
+
 @pytest.mark.parametrize(
     ("items", "message"),
     [(["txt=1"], "KIND one of"), (["text"], "KIND one of"), (["text=x"], "not a number"), (["text=0"], "positive")],
