@@ -153,8 +153,11 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
 @contextmanager
 def launched(spec: LaunchSpec, log: Path) -> Iterator[str]:
     with open(log, "wb") as out:
-        # A session of its own, so stopping it reaches the engine processes it forks and nothing else.
-        process = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # A process group of its own, so stopping it reaches the engine processes it forks and nothing
+        # else. Not a session of its own: with the kernel's autogroup scheduling a new session is a new
+        # scheduling group, and a server in one measured half its throughput here, with the client in
+        # the other stalling for up to a second (docs/benchmarks-notes.md).
+        process = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, process_group=0)
     try:
         wait_healthy(process, spec.url, spec.ready_timeout_s, log)
         yield spec.url
