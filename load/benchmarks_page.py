@@ -6,8 +6,8 @@ results/bench/text-256-32-interval8/results.json results/bench/image-1024/result
 results/bench/image-replicas/results.json results/bench/tts-120/results.json results/bench/text-rate-sweep/results.json
 results/bench/tts-120-retry-after/results.json results/ceiling.json results/tokenizer_throughput.json
 results/overload/text-1x2x3x-serve/results.json results/soak/mixed-10min/results.json
-results/soak/mixed-10min-retry/results.json > docs/benchmarks.md`
-(the current page; the last three from `python -m load.overload` and `python -m load.soak`).
+results/soak/mixed-10min-retry/results.json results/soak/mixed-15min/results.json > docs/benchmarks.md`
+(the current page; the last four from `python -m load.overload` and `python -m load.soak`).
 Each result file carries the command, date and machine that produced it (load/meta.py).
 """
 
