@@ -6,13 +6,20 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from grpc import StatusCode
 from grpc.aio import AioRpcError
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
 from serve_app.codecs.orpheus import OrpheusLayout
-from serve_app.errors import EngineDeadError, OverloadedError, StageUnavailableError, find_openai_error
+from serve_app.errors import (
+    EngineDeadError,
+    OverloadedError,
+    PayloadTooLargeError,
+    StageUnavailableError,
+    find_openai_error,
+)
 from serve_app.messages import (
     AudioChunk,
     GenerateRequest,
@@ -51,6 +58,16 @@ def _stage_lost(stage: str, exc: BaseException, on_lost: OnStageLost | None) -> 
     )
 
 
+def _too_large(stage: str, exc: AioRpcError) -> PayloadTooLargeError:
+    # Over Serve's gRPC transport a replica receives at most RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH
+    # (4 MiB by default): a bigger message is the request's fault, not a lost replica.
+    return PayloadTooLargeError(
+        f"The request is too large to pass to the {stage} stage ({exc.details()}); send a smaller one, or "
+        "raise RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH where the cluster starts.",
+        code="request_too_large",
+    )
+
+
 class _UnaryHandle:
     """A stage called one request, one response; a full stage becomes a 503 with Retry-After."""
 
@@ -72,6 +89,10 @@ class _UnaryHandle:
                 raise
         except BackPressureError as exc:
             raise _overloaded(self.stage, exc) from exc
+        except AioRpcError as exc:
+            if exc.code() == StatusCode.RESOURCE_EXHAUSTED:
+                raise _too_large(self.stage, exc) from exc
+            raise _stage_lost(self.stage, exc, self._on_lost) from exc
         except _REPLICA_LOST as exc:
             raise _stage_lost(self.stage, exc, self._on_lost) from exc
 

@@ -13,7 +13,7 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponseGenerator
 
 from deployments.handles import HandleLLM, HandleTokenizer, HandleVocoder
-from serve_app.errors import OverloadedError, StageUnavailableError
+from serve_app.errors import OverloadedError, PayloadTooLargeError, StageUnavailableError
 from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
 
 
@@ -38,6 +38,16 @@ LOST = [
     ActorUnavailableError("Actor is unavailable.", None),
     AioRpcError(grpc.StatusCode.UNAVAILABLE, Metadata(), Metadata(), "Socket closed"),
 ]
+
+
+async def test_a_message_over_the_transport_limit_is_a_413_and_leaves_health_alone() -> None:
+    lost: list[tuple[str, str]] = []
+    error = AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, Metadata(), Metadata(), "Received message larger than max")
+    tokenizer = HandleTokenizer(FailingHandle(error), lambda stage, detail: lost.append((stage, detail)))  # type: ignore[arg-type]
+    with pytest.raises(PayloadTooLargeError) as raised:
+        await tokenizer.tokenize(TokenizeRequest(TextPrompt("hi"), add_special_tokens=True))
+    assert (raised.value.status_code, raised.value.code) == (413, "request_too_large")
+    assert "tokenizer" in raised.value.message and lost == []
 
 
 @pytest.mark.parametrize("error", LOST)
