@@ -15,10 +15,11 @@ from tests.unit.conftest import REPO, FakeLLM
 
 
 def run_locust(url: str, csv_prefix: Path, *args: str, exit_code: int = 0) -> dict[tuple[str, str], dict[str, str]]:
-    """Runs locust for 2 s with 2 users; its statistics rows by (type, name)."""
+    """Runs locust for 5 s with 2 users; its statistics rows by (type, name). (2 s made no request at all
+    once, in a clean-clone run right after the integration tests: users spawn late on a loaded machine.)"""
     locust = Path(sys.executable).parent / "locust"
     run = subprocess.run(
-        [str(locust), "-f", "load/locustfile.py", "--host", url, "--headless", "-u", "2", "-r", "2", "-t", "2s",
+        [str(locust), "-f", "load/locustfile.py", "--host", url, "--headless", "-u", "2", "-r", "2", "-t", "5s",
          "--only-summary", "--csv", str(csv_prefix), *args],
         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
