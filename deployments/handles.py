@@ -15,6 +15,7 @@ from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.errors import (
     EngineDeadError,
+    OpenAIError,
     OverloadedError,
     PayloadTooLargeError,
     StageUnavailableError,
@@ -48,23 +49,22 @@ _REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableEr
 OnStageLost = Callable[[str, str], None]
 
 
-def _stage_lost(stage: str, exc: BaseException, on_lost: OnStageLost | None) -> StageUnavailableError:
+def _stage_lost(stage: str, exc: BaseException, on_lost: OnStageLost | None) -> OpenAIError:
+    """What one of `_REPLICA_LOST` raised by a call to `stage` means for the client."""
+    if isinstance(exc, AioRpcError) and exc.code() == StatusCode.RESOURCE_EXHAUSTED:
+        # Over Serve's gRPC transport a replica receives at most RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH
+        # (4 MiB by default): a bigger message is the request's fault, not a lost replica.
+        return PayloadTooLargeError(
+            f"The request is too large to pass to the {stage} stage ({exc.details()}); send a smaller one, "
+            "or raise RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH where the cluster starts.",
+            code="request_too_large",
+        )
     detail = f"replica lost mid-call: {type(exc).__name__}"
     if on_lost is not None:
         on_lost(stage, detail)
     return StageUnavailableError(
         f"The {stage} stage failed during the request ({detail}); it is being restarted, retry shortly.",
         code="stage_unavailable",
-    )
-
-
-def _too_large(stage: str, exc: AioRpcError) -> PayloadTooLargeError:
-    # Over Serve's gRPC transport a replica receives at most RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH
-    # (4 MiB by default): a bigger message is the request's fault, not a lost replica.
-    return PayloadTooLargeError(
-        f"The request is too large to pass to the {stage} stage ({exc.details()}); send a smaller one, or "
-        "raise RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH where the cluster starts.",
-        code="request_too_large",
     )
 
 
@@ -89,10 +89,6 @@ class _UnaryHandle:
                 raise
         except BackPressureError as exc:
             raise _overloaded(self.stage, exc) from exc
-        except AioRpcError as exc:
-            if exc.code() == StatusCode.RESOURCE_EXHAUSTED:
-                raise _too_large(self.stage, exc) from exc
-            raise _stage_lost(self.stage, exc, self._on_lost) from exc
         except _REPLICA_LOST as exc:
             raise _stage_lost(self.stage, exc, self._on_lost) from exc
 

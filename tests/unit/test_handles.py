@@ -50,6 +50,31 @@ async def test_a_message_over_the_transport_limit_is_a_413_and_leaves_health_alo
     assert "tokenizer" in raised.value.message and lost == []
 
 
+class RaisingStreamHandle:
+    """A streaming DeploymentHandle whose every call raises `error` at once."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def options(self, **_: Any) -> RaisingStreamHandle:
+        return self
+
+    def __getattr__(self, method: str) -> Any:
+        return self
+
+    def remote(self, *args: Any) -> Any:
+        raise self.error
+
+
+async def test_a_message_over_the_transport_limit_to_the_llm_is_a_413_too() -> None:
+    lost: list[tuple[str, str]] = []
+    error = AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, Metadata(), Metadata(), "Received message larger than max")
+    llm = HandleLLM(RaisingStreamHandle(error), lambda stage, detail: lost.append((stage, detail)))  # type: ignore[arg-type]
+    with pytest.raises(PayloadTooLargeError, match="the llm stage"):
+        await anext(aiter(llm.generate(GenerateRequest("r", [1], SamplingSpec(max_tokens=1)))))
+    assert lost == []
+
+
 @pytest.mark.parametrize("error", LOST)
 async def test_a_lost_replica_is_a_503_naming_the_stage_and_is_reported(error: BaseException) -> None:
     lost: list[tuple[str, str]] = []
