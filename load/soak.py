@@ -45,7 +45,7 @@ from load.bench.datasets import (
     single_token_words,
 )
 from load.bench.health import loop_lag
-from load.bench.metrics import summarize_ms, ttfts
+from load.bench.metrics import summarize_ms, ttfts, without_text
 from load.bench.runner import SendNext, arrival_offsets, open_loop
 
 # Kind -> the default config's route prefix of its app.
@@ -290,8 +290,7 @@ def build(
         "window_s": opts.window,
         "requests": {kind: len(rs) for kind, rs in records.items()},
         "errors": errors,
-        # Complete streams whose tokens decode to no text (a random model's): served, without a TTFT.
-        "without_text": {kind: sum(r.ok and not r.content_times for r in rs) for kind, rs in records.items()},
+        "without_text": {kind: without_text(rs) for kind, rs in records.items()},
         "retries": retries or {},
         "error_list": error_list(t0, records),
         "windows": windows(t0, opts.duration, opts.window, records, samples, lags),

@@ -41,6 +41,11 @@ def ttfts(records: Sequence[RequestRecord]) -> list[float]:
     return [ttft(r) for r in records if r.content_times]
 
 
+def without_text(records: Sequence[RequestRecord]) -> int:
+    """Successful streams whose tokens decode to no text: served, with no TTFT."""
+    return sum(r.ok and not r.content_times for r in records)
+
+
 def itls(record: RequestRecord) -> list[float]:
     times = record.content_times
     return [later - earlier for earlier, later in itertools.pairwise(times)]
@@ -123,7 +128,7 @@ def compute(records: Sequence[RequestRecord], duration_s: float, slos_ms: dict[s
         "output_throughput": total_output / duration_s,
         "total_token_throughput": (total_input + total_output) / duration_s,
         "request_goodput": sum(meets_slos(r, slos_ms) for r in good) / duration_s if slos_ms else None,
-        "without_text": sum(not r.content_times for r in good),
+        "without_text": without_text(good),
         "ttft_ms": summarize_ms(ttfts(good)),
         "tpot_ms": summarize_ms(tpots),
         "itl_ms": summarize_ms([gap for r in good for gap in itls(r)]),
