@@ -76,17 +76,16 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
                 serve.delete(name)
             serve.shutdown()  # type: ignore[no-untyped-call]
         finally:
-            stop_cluster(ray.shutdown)
+            stop_cluster(ray.shutdown, psutil.Process().children(recursive=True))
 
 
-def stop_cluster(shutdown: Callable[[], None], grace_s: float = 10.0) -> None:
-    """Runs `shutdown` (ray.shutdown), then kills what of this process's cluster outlives it by `grace_s`.
+def stop_cluster(shutdown: Callable[[], None], cluster: list[psutil.Process], grace_s: float = 10.0) -> None:
+    """Runs `shutdown` (ray.shutdown), then kills what of `cluster` (its processes) outlives it by `grace_s`.
 
     ray.shutdown() gives the raylet 1 s to exit after SIGTERM before it SIGKILLs it; a raylet killed
     that way cannot stop its dashboard and runtime-env agents, which then notice it gone only to block
     on the dead GCS while reporting it, deaf to SIGTERM (measured on 2 loaded cores).
     """
-    cluster = psutil.Process().children(recursive=True)
     shutdown()
     _, alive = psutil.wait_procs(cluster, timeout=grace_s)
     for proc in alive:

@@ -88,7 +88,9 @@ def graph(cluster: Any, tiny_model: Path, tiny_vision_model: Path, tiny_tts_mode
     from ray.serve.schema import ServeDeploySchema
 
     config = load_test_config()
-    serve.start(http_options=config["http_options"])
+    # Serve's proxies start where the config says from the first moment; `serve.start`'s default puts
+    # one on every node until the deploy moves them.
+    serve.start(proxy_location=config["proxy_location"], http_options=config["http_options"])
     _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
     base_url = f"http://127.0.0.1:{PORT}"
     try:

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from load.graph_launcher import _exit, stop_cluster
@@ -36,7 +37,8 @@ def test_stop_cluster_kills_what_outlives_the_shutdown(deaf_child: subprocess.Po
         terminated.append(deaf_child.pid)
 
     started = time.monotonic()
-    stop_cluster(shutdown, grace_s=0.5)
+    # Only the processes it is given: all of pytest's children would include the integration tests' cluster.
+    stop_cluster(shutdown, [psutil.Process(deaf_child.pid)], grace_s=0.5)
     assert terminated == [deaf_child.pid]
     assert deaf_child.wait(timeout=5) == -signal.SIGKILL
     assert time.monotonic() - started < 5
