@@ -56,6 +56,8 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
     from ray.serve.schema import ServeDeploySchema
 
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    # As the Makefile sets it for `ray start` (deployments.graph.check_transport_fits says why).
+    os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(64 * 2**20))
     ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
     # After ray.init, which installs its node's own SIGTERM handler: that one tears the cluster down at
     # once (measured: streams cut with error events, the raylet SIGKILLed after its 1 s of grace, and its

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
-from deployments.graph import build_app
+from deployments.graph import build_app, check_transport_fits
 from serve_app.config import ConfigError, parse_app_args
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
@@ -82,3 +82,21 @@ def test_builder_binds_the_vocoder_for_speech(tiny_model_path: Path) -> None:
 def test_builder_fails_fast_naming_the_field(args: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         build_app(args)
+
+
+@pytest.mark.parametrize("grpc", [True, False])
+def test_a_body_limit_over_the_grpc_message_limit_is_a_config_error(raw_args: dict[str, Any], grpc: bool) -> None:
+    args = parse_app_args(raw_args | {"limits": {"max_request_bytes": 2**23}})
+    if grpc:
+        with pytest.raises(ConfigError, match=r"limits.max_request_bytes \(8388608\) exceeds RAY_SERVE_REPLICA_GRPC"):
+            check_transport_fits(args, grpc=True, max_message_bytes=2**22)
+    else:  # Serve's default transport (Ray's object store) has no such limit
+        check_transport_fits(args, grpc=False, max_message_bytes=2**22)
+    check_transport_fits(args, grpc=True, max_message_bytes=2**23)
+
+
+def test_the_makefile_leaves_room_for_the_default_body_limit(raw_args: dict[str, Any]) -> None:
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    (line,) = [ln for ln in makefile.splitlines() if ln.startswith("export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH")]
+    args = parse_app_args({"model": raw_args["model"]})
+    check_transport_fits(args, grpc=True, max_message_bytes=int(line.split(":=")[1]))
