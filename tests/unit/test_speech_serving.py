@@ -277,6 +277,20 @@ def test_a_vocoder_failure_before_the_first_byte_is_a_status(speech_client: Test
     assert response.status_code == 503
 
 
+async def test_a_failure_before_the_first_byte_gives_the_slot_back(
+    speech_services: Services, vocoder: FakeVocoder
+) -> None:
+    from serve_app.ingress.speech.protocol import SpeechRequest
+    from serve_app.ingress.speech.serving import create_speech
+
+    vocoder.error = ServiceUnavailableError("vocoder down")
+    request = SpeechRequest.model_validate(body(stream=True, response_format="pcm"))
+    for _ in range(TTS["max_streams"] + 1):
+        with pytest.raises(ServiceUnavailableError, match="vocoder down"):
+            await create_speech(speech_services, request)
+        assert speech_services.speech_slots.held == 0
+
+
 async def test_a_slow_client_holds_back_only_its_own_stream(
     speech_services: Services, talker: FakeTalker, vocoder: FakeVocoder
 ) -> None:

@@ -92,17 +92,17 @@ async def create_speech(services: Services, request: SpeechRequest, deadline: De
         stream = await start_generation(
             services, tokenize, lambda room: _capped(spec, room), new_request_id("speech"), deadline=deadline
         )
-        audio = audio_chunks(services, vocoder, tts, layout, stream)
-        try:
-            first = await anext(audio, None)
-        except BaseException:
-            await audio.aclose()
-            raise
     except BaseException:
         slots.release()
         raise
+    finish = _Finish(audio_chunks(services, vocoder, tts, layout, stream), slots)
+    audio = finish.audio
+    try:
+        first = await anext(audio, None)
+    except BaseException:
+        await finish()
+        raise
     headers = timing_headers(stream.timings) | {"X-Audio-Sample-Rate": str(tts.sample_rate)}
-    finish = _Finish(audio, slots)
     if not request.stream:
         try:
             pcm = b"".join([first.pcm if first else b"", *[chunk.pcm async for chunk in audio]])
