@@ -102,11 +102,6 @@ def cpu_seconds(pid: int) -> float:
     return float(times.user + times.system)
 
 
-@pytest.mark.skip(
-    reason="flaky on a fresh machine: in clean-clone runs the 8 MB prompt sometimes never made the "
-    "tokenizer busy within 60 s, or Serve replaced the replica before /health was read; the same "
-    "path is covered by the multimodal test and tests/unit/test_handles.py (AioRpcError)"
-)
 def test_zy_tokenizer_killed_mid_request(graph: str) -> None:
     pid = replica_pid(APP, "tokenizer")
     # Several seconds of tokenizing: the replica is certainly inside the call when it dies. (A replica
