@@ -15,6 +15,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.errors import OpenAIError, OverloadedError
+from serve_app.ingress.in_flight import InFlight
 from serve_app.ingress.paths import GENERATION_PATHS, route_path
 
 
@@ -23,13 +24,13 @@ class InFlightLimit:
         self.app = app
         self.limit = limit
         self.render = render
-        self.in_flight = 0
+        self.in_flight = InFlight()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.limit is None or scope["type"] != "http" or route_path(scope) not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
-        if self.in_flight >= self.limit:
+        if self.in_flight.count() >= self.limit:
             error = OverloadedError(
                 f"The server has {self.limit} requests in progress (admission.max_in_flight); retry later.",
                 code="overloaded",
@@ -38,8 +39,4 @@ class InFlightLimit:
             )
             await self.render(error)(scope, receive, send)
             return
-        self.in_flight += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight -= 1
+        await self.in_flight.run(self.app, scope, receive, send)

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.config import AuthConfig
 from serve_app.errors import AuthenticationError, OpenAIError, RateLimitError
+from serve_app.ingress.in_flight import InFlight
 from serve_app.ingress.paths import route_path
 
 # Probes (load balancers, Kubernetes, Ray Serve's own checks) carry no credentials.
@@ -38,7 +39,7 @@ class ApiKeyAuth:
         self.keys = keys
         self.max_concurrent = max_concurrent_per_key
         # Requests in progress per key, by the key's position in `keys`: the keys themselves stay out of it.
-        self.in_flight = [0] * len(keys)
+        self.in_flight = InFlight()
 
     def _key_index(self, header: bytes | None) -> int | None:
         scheme, _, token = (header or b"").partition(b" ")
@@ -58,7 +59,7 @@ class ApiKeyAuth:
             message = "Incorrect or missing API key: send `Authorization: Bearer <key>`."
             await _reject(AuthenticationError(message, code="invalid_api_key"), scope, receive, send)
             return
-        if self.max_concurrent is not None and self.in_flight[index] >= self.max_concurrent:
+        if self.max_concurrent is not None and self.in_flight.count(index) >= self.max_concurrent:
             busy = RateLimitError(
                 f"This API key already has {self.max_concurrent} requests in progress "
                 "(auth.max_concurrent_per_key); retry when one has finished.",
@@ -66,11 +67,7 @@ class ApiKeyAuth:
             )
             await _reject(busy, scope, receive, send, {"Retry-After": str(busy.retry_after_s)})
             return
-        self.in_flight[index] += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            self.in_flight[index] -= 1
+        await self.in_flight.run(self.app, scope, receive, send, key=index)
 
 
 async def _reject(
