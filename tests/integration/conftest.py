@@ -57,6 +57,11 @@ def tiny_tts_model() -> Path:
     return ensure_tiny_orpheus_model(ROOT / "models" / "tiny-orpheus")
 
 
+# Four engines and a dozen replicas import torch, vLLM and Ray at once on 2 cores: measured 2.5 min
+# before the first engine started on a busy machine, from a fresh clone.
+GRAPH_START_TIMEOUT_S = 480
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Any]:
     """A fresh multi-node Ray cluster (even if `make serve` has one running on this machine)."""
@@ -95,7 +100,8 @@ def graph(cluster: Any, tiny_model: Path, tiny_vision_model: Path, tiny_tts_mode
     base_url = f"http://127.0.0.1:{PORT}"
     try:
         for prefix in ("", VISION_PREFIX, TTS_PREFIX, LIMITS_PREFIX):
-            wait_for(lambda p=prefix: graph_healthy(base_url + p), 240, f"the graph at `{prefix or '/'}` to be healthy")
+            wait_for(lambda p=prefix: graph_healthy(base_url + p), GRAPH_START_TIMEOUT_S,
+                     f"the graph at `{prefix or '/'}` to be healthy")  # fmt: skip
         yield base_url
     finally:
         serve.shutdown()

@@ -80,6 +80,18 @@ def record(name: str, **seconds: float) -> str:
     return line
 
 
+def assert_recovers(base_url: str, app: str, stage: str, old_pid: int, killed_at: float, *, model: str,
+                    name: str, failed_s: float) -> None:  # fmt: skip
+    """After a replica was killed and its request failed: `/health` tells the truth, Serve replaces the
+    replica, a new request succeeds, and the error came within ERROR_WITHIN_S (the times are printed)."""
+    assert health_truthful(base_url, app, stage, old_pid)
+    red_s = time.monotonic() - killed_at
+    recovered_s = wait_recovered(base_url, app, stage, old_pid, killed_at)
+    assert chat(base_url, model).status_code == 200
+    line = record(name, error_after=failed_s, health_red_after=red_s, recovered_after=recovered_s)
+    assert failed_s < ERROR_WITHIN_S, line
+
+
 def assert_stage_error(response: httpx.Response, code: str, *words: str) -> dict[str, Any]:
     assert response.status_code == 503, response.text
     assert response.headers["content-type"].startswith("application/json")
@@ -117,13 +129,8 @@ def test_zy_tokenizer_killed_mid_request(graph: str) -> None:
         response = future.result(timeout=60)
         failed_s = time.monotonic() - killed_at
     assert_stage_error(response, "stage_unavailable", "tokenizer")
-    assert health_truthful(graph, APP, "tokenizer", pid)
-    red_s = time.monotonic() - killed_at
-    recovered_s = wait_recovered(graph, APP, "tokenizer", pid, killed_at)
-    assert chat(graph, "tiny-chat").status_code == 200
-    line = record("tokenizer killed mid-request", error_after=failed_s, health_red_after=red_s,
-                  recovered_after=recovered_s)  # fmt: skip
-    assert failed_s < ERROR_WITHIN_S, line
+    assert_recovers(graph, APP, "tokenizer", pid, killed_at, model="tiny-chat",
+                    name="tokenizer killed mid-request", failed_s=failed_s)  # fmt: skip
 
 
 class _SlowImage(BaseHTTPRequestHandler):
@@ -161,13 +168,8 @@ def test_zy_multimodal_killed_mid_image_request(graph: str, slow_image_url: str)
         response = future.result(timeout=60)
         failed_s = time.monotonic() - killed_at
     assert_stage_error(response, "stage_unavailable", "multimodal")
-    assert health_truthful(vision, VISION_APP, "multimodal", pid)
-    red_s = time.monotonic() - killed_at
-    recovered_s = wait_recovered(vision, VISION_APP, "multimodal", pid, killed_at)
-    assert chat(vision, "tiny-llava").status_code == 200
-    line = record("multimodal killed mid-request", error_after=failed_s, health_red_after=red_s,
-                  recovered_after=recovered_s)  # fmt: skip
-    assert failed_s < ERROR_WITHIN_S, line
+    assert_recovers(vision, VISION_APP, "multimodal", pid, killed_at, model="tiny-llava",
+                    name="multimodal killed mid-request", failed_s=failed_s)  # fmt: skip
 
 
 def sse_events(response: httpx.Response) -> Iterator[dict[str, Any] | str]:
@@ -235,12 +237,8 @@ def test_zy_engine_killed_mid_stream(graph: str) -> None:
     assert "engine died" in error["message"], error
     assert error["type"] == "ServiceUnavailableError"
     assert health_status(graph) == 503
-    red_s = time.monotonic() - killed_at
-    recovered_s = wait_recovered(graph, APP, "llm", replica, killed_at)
-    assert chat(graph, "tiny-chat").status_code == 200
-    line = record("engine killed mid-stream", error_after=failed_s, health_red_after=red_s,
-                  recovered_after=recovered_s)  # fmt: skip
-    assert failed_s < ERROR_WITHIN_S, line
+    assert_recovers(graph, APP, "llm", replica, killed_at, model="tiny-chat", name="engine killed mid-stream",
+                    failed_s=failed_s)  # fmt: skip
 
 
 def test_zy_hung_engine_is_detected_and_replaced(graph: str) -> None:
