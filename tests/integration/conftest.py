@@ -57,8 +57,8 @@ def tiny_tts_model() -> Path:
     return ensure_tiny_orpheus_model(ROOT / "models" / "tiny-orpheus")
 
 
-# Four engines and a dozen replicas import torch, vLLM and Ray at once on 2 cores: measured 2.5 min
-# before the first engine started on a busy machine, from a fresh clone.
+# Four engines and a dozen replicas import torch, vLLM and Ray at once on 2 cores: from a fresh clone,
+# with a pip install beside it, the first engine started 4.5 min after its replica did.
 GRAPH_START_TIMEOUT_S = 480
 
 

@@ -2,8 +2,8 @@
 
 `load.graph_launcher` serves the text application of the default config on a free port; streams are
 started, the launcher gets SIGTERM (what `serve run` and a process manager send), and then every stream
-must have either finished (`[DONE]` after a finish reason) or ended with an SSE error event, none may
-hang or stop short without a word, and the cluster must leave no process and no `/dev/shm` file behind.
+must finish (`[DONE]` after a finish reason) within the llm's grace period (the streams take ~28 s, the
+config gives 120 s), and the cluster must leave no process and no `/dev/shm` file behind.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def test_sigterm_under_load_ends_streams_cleanly_and_leaves_nothing(tmp_path: Pa
     print(
         f"[shutdown] streams {outcomes}: ended {streams_ended_s:.1f} s and the launcher {stopped_s:.1f} s after SIGTERM"
     )
-    assert len(outcomes) == STREAMS and all(o in ("done", "error") for o in outcomes), (
+    assert outcomes == ["done"] * STREAMS, (
         f"{outcomes}; launcher log: {(tmp_path / 'launcher.log').read_text()[-3000:]}"
     )
     assert launcher.returncode == 0, (tmp_path / "launcher.log").read_text()[-3000:]
