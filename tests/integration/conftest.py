@@ -18,14 +18,17 @@ import pytest
 
 from tests.integration.support import (
     APP,
+    ENGINE_SHM_PREFIXES,
     LIMITS_PREFIX,
     NODES,
     PORT,
     ROOT,
+    SHM,
     TTS_PREFIX,
     VISION_PREFIX,
     graph_healthy,
     load_test_config,
+    orphaned_shm_files,
     wait_for,
 )
 
@@ -72,6 +75,7 @@ def cluster() -> Iterator[Any]:
     # With RAY_AUTH_MODE=token (the Makefile's), the GCS refuses to start without a token: create one as
     # ray.init() does for a new local cluster (on a fresh machine there is none yet).
     ensure_token_if_auth_enabled(create_token_if_missing=True)
+    shm_before = {p.name for p in SHM.iterdir()}
     nodes = iter(NODES.items())
     name, head = next(nodes)
     cluster = Cluster(initialize_head=True, head_node_args={**head, "resources": {name: 100},
@@ -84,6 +88,11 @@ def cluster() -> Iterator[Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
+        # The fault tests SIGKILL engines on purpose, and a killed EngineCore cannot unlink its shared-memory
+        # queues: left alone, every run would leave a dozen files in /dev/shm.
+        for name in orphaned_shm_files(shm_before):
+            if name.startswith(ENGINE_SHM_PREFIXES):
+                (SHM / name).unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

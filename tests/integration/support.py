@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import yaml
 
 from load.serve_config import pin_local_paths
@@ -91,3 +92,25 @@ def graph_healthy(base_url: str) -> bool:
         return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+SHM = Path("/dev/shm")
+# vLLM's shared-memory queues (multiprocessing SharedMemory) and multiprocessing's semaphores.
+ENGINE_SHM_PREFIXES = ("psm_", "sem.mp-")
+
+
+def held_shm_files() -> set[str]:
+    """/dev/shm files some live process has open or mapped."""
+    held = set()
+    for proc in psutil.process_iter():
+        try:
+            held |= {Path(f.path).name for f in proc.open_files() if f.path.startswith("/dev/shm/")}
+            held |= {Path(m.path).name for m in proc.memory_maps(grouped=True) if m.path.startswith("/dev/shm/")}
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return held
+
+
+def orphaned_shm_files(before: set[str]) -> set[str]:
+    """/dev/shm files that appeared since `before` (a listing of its names) and no live process holds."""
+    return {p.name for p in SHM.iterdir()} - before - held_shm_files()

@@ -23,10 +23,9 @@ from typing import Any
 import httpx
 import psutil
 
-from tests.integration.support import APP, CONFIG, ROOT, graph_healthy, wait_for
+from tests.integration.support import APP, CONFIG, ROOT, SHM, graph_healthy, orphaned_shm_files, wait_for
 
 STREAMS = 3
-SHM = Path("/dev/shm")
 
 
 def free_port() -> int:
@@ -70,18 +69,6 @@ def alive(processes: list[psutil.Process]) -> list[str]:
             if proc.status() != psutil.STATUS_ZOMBIE:
                 names.append(proc.name())
     return names
-
-
-def held_shm_files() -> set[str]:
-    """/dev/shm files some live process has open or mapped."""
-    held = set()
-    for proc in psutil.process_iter():
-        try:
-            held |= {Path(f.path).name for f in proc.open_files() if f.path.startswith("/dev/shm/")}
-            held |= {Path(m.path).name for m in proc.memory_maps(grouped=True) if m.path.startswith("/dev/shm/")}
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return held
 
 
 def test_sigterm_under_load_ends_streams_cleanly_and_leaves_nothing(tmp_path: Path) -> None:
@@ -131,5 +118,5 @@ def test_sigterm_under_load_ends_streams_cleanly_and_leaves_nothing(tmp_path: Pa
     with contextlib.suppress(TimeoutError):
         wait_for(lambda: not alive(cluster), 5, "the cluster's processes to exit")
     assert not alive(cluster), f"outlived the launcher: {alive(cluster)}"
-    leaked = {p.name for p in SHM.iterdir()} - shm_before - held_shm_files()
+    leaked = orphaned_shm_files(shm_before)
     assert not leaked, f"left in /dev/shm: {sorted(leaked)}"
