@@ -89,8 +89,10 @@ def test_speech(tmp_path: Path) -> None:
 
 
 def test_speech_underruns_and_rejections_are_failures(tmp_path: Path) -> None:
-    # 50 ms of audio every 80 ms: the 4th chunk is 90 ms late; one stream at a time, the other user is refused.
-    with serving(FakeSpeech(chunks=4, chunk_s=0.05, gap_s=0.08, max_streams=1).app) as url:
+    # 50 ms of audio every 150 ms: the 4th chunk is 300 ms late, far above the threshold even when a busy
+    # machine delays the first chunk (a 90 ms margin once measured 1 stream of 12 below it); one stream at a
+    # time, the other user is refused.
+    with serving(FakeSpeech(chunks=4, chunk_s=0.05, gap_s=0.15, max_streams=1).app) as url:
         rows = run_locust(url, tmp_path / "run", "--underrun-threshold-ms", "60", "SpeechUser", exit_code=1)
     underruns = rows["UNDERRUN", "speech"]
     assert int(underruns["Failure Count"]) == int(underruns["Request Count"]) > 0
