@@ -2,8 +2,9 @@
 
 `load.graph_launcher` serves the text application of the default config on a free port; streams are
 started, the launcher gets SIGTERM (what `serve run` and a process manager send), and then every stream
-must finish (`[DONE]` after a finish reason) within the llm's grace period (the streams take ~28 s, the
-config gives 120 s), and the cluster must leave no process and no `/dev/shm` file behind.
+must finish (`[DONE]` after a finish reason) within the grace period of the stages that hold them (the
+streams take ~28 s here, the config gives ingress and llm 120 s), and the cluster must leave no process
+and no `/dev/shm` file behind.
 """
 
 from __future__ import annotations
@@ -75,8 +76,13 @@ def test_sigterm_under_load_ends_streams_cleanly_and_leaves_nothing(tmp_path: Pa
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     shm_before = {p.name for p in SHM.iterdir()}
-    # Not the session cluster's address: the launcher starts a cluster of its own.
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_USAGE_STATS_ENABLED": "0"}
+    # Not the session cluster's address: the launcher starts a cluster of its own. Serve raises a direct
+    # ingress's grace to this drain period + 5 s (35 s by default); at 5 s the streams outlast that floor
+    # everywhere, so only the config's own grace for the ingress can keep them open.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5",
+    }
     log = (tmp_path / "launcher.log").open("w")
     launcher = subprocess.Popen(
         [sys.executable, "-m", "load.graph_launcher", "--config", str(CONFIG), "--app", APP, "--port", str(port)],
@@ -98,9 +104,9 @@ def test_sigterm_under_load_ends_streams_cleanly_and_leaves_nothing(tmp_path: Pa
         launcher.send_signal(signal.SIGTERM)
         signalled_at = time.monotonic()
         for thread in threads:
-            thread.join(timeout=90)
+            thread.join(timeout=150)
         streams_ended_s = time.monotonic() - signalled_at
-        launcher.wait(timeout=90)
+        launcher.wait(timeout=150)
         stopped_s = time.monotonic() - signalled_at
     finally:
         if launcher.poll() is None:

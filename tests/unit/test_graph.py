@@ -44,6 +44,16 @@ def test_config_is_a_valid_serve_config_with_valid_args(path: Path) -> None:
             assert "num_replicas" in deployment or "autoscaling_config" in deployment
 
 
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_stage_holding_a_stream_waits_as_long_for_it_to_end(path: Path) -> None:
+    """Ingress, llm and vocoder hold the same open stream: a shorter grace on any cuts it at shutdown."""
+    for raw in load(path)["applications"]:
+        streaming = [d for d in raw["deployments"] if d["name"] in {"ingress", "llm", "vocoder"}]
+        graces = {d["name"]: d.get("graceful_shutdown_timeout_s") for d in streaming}
+        assert len(set(graces.values())) == 1, f"{raw['name']}: {graces}"
+        assert min(v or 0 for v in graces.values()) >= 60, f"{raw['name']}: {graces}"
+
+
 def bound_stages(app: Any) -> list[str]:
     ingress = app._bound_deployment
     assert ingress.name == "ingress"
