@@ -41,6 +41,8 @@ TTS_APP = "tts-app"
 # "Within a couple of seconds" of the fault, with room for a loaded 2-core machine.
 ERROR_WITHIN_S = 5.0
 RECOVERY_TIMEOUT_S = 240.0
+# The default health.poll_interval_s (2 s) + health.timeout_s (5 s), which the config keeps, with room.
+HEALTH_POLL_WITHIN_S = 10.0
 
 
 def replica_pids(app: str, deployment: str) -> list[int]:
@@ -208,6 +210,11 @@ def test_zy_vocoder_killed_mid_speech_stream(graph: str) -> None:
         assert isinstance(first, dict) and first["type"] == "speech.audio.delta", first
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
+        # No request need fail here (the stream may only pause), so only the ingress's background poll
+        # can turn /health red: within one poll interval plus a check's timeout.
+        wait_for(lambda: health_truthful(tts, TTS_APP, "vocoder", pid), HEALTH_POLL_WITHIN_S,
+                 "/health to report the dead vocoder")  # fmt: skip
+        red_s = time.monotonic() - killed_at
         error, at = read_to_end(events)
     failed_s = at - killed_at
     # Either a call in flight died (an error event naming the stage), or every later chunk went to
@@ -217,7 +224,7 @@ def test_zy_vocoder_killed_mid_speech_stream(graph: str) -> None:
     speech = httpx.post(f"{tts}/v1/audio/speech", json=body | {"stream": False, "input": "hi"}, timeout=120)
     assert speech.status_code == 200
     line = record(f"vocoder killed mid speech stream ({'error event' if error else 'completed'})",
-                  stream_ended_after=failed_s, recovered_after=recovered_s)  # fmt: skip
+                  health_red_after=red_s, stream_ended_after=failed_s, recovered_after=recovered_s)  # fmt: skip
     assert error is None or failed_s < ERROR_WITHIN_S, line
 
 
