@@ -55,8 +55,9 @@ serve: setup models
 status:
 	$(BIN)/serve status
 
+# Serve first, waiting for every drain (`serve shutdown` returns before it: deployments/stop.py).
 stop:
-	-$(BIN)/serve shutdown -y
+	-$(BIN)/python -m deployments.stop
 	-$(BIN)/ray stop
 
 test: setup models

@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import yaml
 
+from deployments.stop import stop_serve
 from load.serve_config import pin_local_paths
 
 logger = logging.getLogger(__name__)
@@ -72,11 +73,7 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
             signal.pause()
     finally:
         try:
-            # serve.delete waits for each deployment's drain (graceful_shutdown_timeout_s), so in-flight
-            # streams finish before Serve and Ray go.
-            for name in serve.status().applications:
-                serve.delete(name)
-            serve.shutdown()  # type: ignore[no-untyped-call]
+            stop_serve()  # in-flight streams finish before Serve and Ray go
         finally:
             stop_cluster(ray.shutdown, psutil.Process().children(recursive=True))
 
