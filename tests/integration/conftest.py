@@ -29,6 +29,7 @@ from tests.integration.support import (
     graph_healthy,
     load_test_config,
     orphaned_shm_files,
+    shm_files,
     wait_for,
 )
 
@@ -75,7 +76,7 @@ def cluster() -> Iterator[Any]:
     # With RAY_AUTH_MODE=token (the Makefile's), the GCS refuses to start without a token: create one as
     # ray.init() does for a new local cluster (on a fresh machine there is none yet).
     ensure_token_if_auth_enabled(create_token_if_missing=True)
-    shm_before = {p.name for p in SHM.iterdir()}
+    shm_before = shm_files()
     nodes = iter(NODES.items())
     name, head = next(nodes)
     cluster = Cluster(initialize_head=True, head_node_args={**head, "resources": {name: 100},

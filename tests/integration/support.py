@@ -111,6 +111,10 @@ def held_shm_files() -> set[str]:
     return held
 
 
+def shm_files() -> set[str]:
+    return {p.name for p in SHM.iterdir()}
+
+
 def orphaned_shm_files(before: set[str]) -> set[str]:
-    """/dev/shm files that appeared since `before` (a listing of its names) and no live process holds."""
-    return {p.name for p in SHM.iterdir()} - before - held_shm_files()
+    """/dev/shm files that appeared since `before` (a `shm_files()` listing) and no live process holds."""
+    return shm_files() - before - held_shm_files()

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import psutil
 
-from tests.integration.support import APP, CONFIG, ROOT, SHM, graph_healthy, orphaned_shm_files, wait_for
+from tests.integration.support import APP, CONFIG, ROOT, graph_healthy, orphaned_shm_files, shm_files, wait_for
 
 STREAMS = 3
 
@@ -75,7 +75,7 @@ def alive(processes: list[psutil.Process]) -> list[str]:
 def test_sigterm_under_load_ends_streams_cleanly_and_leaves_nothing(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    shm_before = {p.name for p in SHM.iterdir()}
+    shm_before = shm_files()
     # Not the session cluster's address: the launcher starts a cluster of its own. Serve raises a direct
     # ingress's grace to this drain period + 5 s (35 s by default); at 5 s the streams outlast that floor
     # everywhere, so only the config's own grace for the ingress can keep them open.

@@ -49,7 +49,8 @@ def test_deletes_every_app_at_once_and_shuts_down_after_the_drain(fake: FakeServ
     assert fake.calls == ["delete ['llm-app', 'tts-app'] blocking=False", "shutdown with [] left"]
 
 
-def test_shuts_down_at_the_deadline_if_a_drain_never_ends(fake: FakeServe) -> None:
+def test_shuts_down_at_the_deadline_if_a_drain_never_ends(fake: FakeServe, caplog: pytest.LogCaptureFixture) -> None:
     fake.drain_polls = 10**9
     stop_serve(timeout_s=0.0)
     assert fake.calls[-1] == "shutdown with ['llm-app', 'tts-app'] left"
+    assert "still draining after 0 s, shutting Serve down anyway: ['llm-app', 'tts-app']" in caplog.text
