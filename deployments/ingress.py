@@ -43,5 +43,9 @@ class Ingress:
             HandleVocoder(vocoder, stage_lost) if vocoder is not None else None,
         )
 
+    async def health_report(self) -> tuple[bool, dict[str, str]]:
+        """For the graph's `/health` app: answered on this replica's event loop, so a hung ingress fails it."""
+        return self._services.health.report()
+
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self._services)

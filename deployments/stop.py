@@ -5,14 +5,33 @@
 engine left its shared-memory files in /dev/shm (measured: 9 for the default config's three engines).
 Here the `ray stop` waits until every application is gone, each deployment having drained within its
 `graceful_shutdown_timeout_s` (docs/reliability.md has what is measured after the change).
+
+Then it ends what else `make serve` started: the foreground `serve run` of this checkout (it would
+otherwise run on, attached to a dead cluster), and, after `ray stop`, the vLLM shared-memory files
+of engines that did not get to unlink them (a worker past vLLM's own exit grace is SIGKILLed: 160
+MiB each). Only files that did not exist when `make serve` started Ray (`SHM_BASELINE`) and that no
+live process holds are removed, so /dev/shm is left as `make serve` found it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
+
+import psutil
 
 logger = logging.getLogger(__name__)
+
+SHM = Path("/dev/shm")
+# vLLM's shared-memory queues (multiprocessing SharedMemory) and multiprocessing's semaphores.
+ENGINE_SHM_PREFIXES = ("psm_", "sem.mp-")
+# /dev/shm as `make serve` found it, written before it starts Ray.
+SHM_BASELINE = Path(".cache/shm-before-serve")
 
 
 def stop_serve(timeout_s: float = 600.0) -> None:
@@ -35,6 +54,54 @@ def stop_serve(timeout_s: float = 600.0) -> None:
     serve.shutdown()  # type: ignore[no-untyped-call]
 
 
+def shm_files() -> set[str]:
+    return {p.name for p in SHM.iterdir()}
+
+
+def held_shm_files() -> set[str]:
+    """/dev/shm files some live process has open or mapped."""
+    held = set()
+    for proc in psutil.process_iter():
+        try:
+            held |= {Path(f.path).name for f in proc.open_files() if f.path.startswith("/dev/shm/")}
+            held |= {Path(m.path).name for m in proc.memory_maps(grouped=True) if m.path.startswith("/dev/shm/")}
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return held
+
+
+def orphaned_shm_files(before: set[str]) -> set[str]:
+    """/dev/shm files that appeared since `before` (a `shm_files()` listing) and no live process holds."""
+    return shm_files() - before - held_shm_files()
+
+
+def remove_orphaned_engine_files(before: set[str]) -> list[str]:
+    removed = sorted(n for n in orphaned_shm_files(before) if n.startswith(ENGINE_SHM_PREFIXES))
+    for name in removed:
+        (SHM / name).unlink(missing_ok=True)
+    return removed
+
+
+def serve_run_drivers(checkout: Path) -> list[psutil.Process]:
+    """The `serve run` processes started from `checkout` (as `make serve` starts it)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        cmdline, cwd = proc.info["cmdline"] or [], proc.info["cwd"]
+        runs = any(Path(a).name == "serve" and cmdline[i + 1 : i + 2] == ["run"] for i, a in enumerate(cmdline))
+        if runs and cwd is not None and Path(cwd) == checkout and proc.pid != os.getpid():
+            found.append(proc)
+    return found
+
+
+def end_drivers(drivers: list[psutil.Process], timeout_s: float = 30.0) -> None:
+    # SIGTERM: a `serve run` in the background ignores SIGINT. Its applications are already gone.
+    for proc in drivers:
+        proc.send_signal(signal.SIGTERM)
+    _, alive = psutil.wait_procs(drivers, timeout=timeout_s)
+    for proc in alive:
+        proc.kill()
+
+
 def main() -> None:
     import ray
     from ray.serve.exceptions import RayServeException
@@ -43,13 +110,19 @@ def main() -> None:
         ray.init(address="auto", logging_level=logging.WARNING)
     except ConnectionError as exc:
         print(f"no Ray cluster to stop Serve on: {exc}")
-        return
-    try:
-        stop_serve()
-    except RayServeException as exc:
-        print(f"Serve is not running: {exc}")
-    finally:
-        ray.shutdown()
+    else:
+        try:
+            stop_serve()
+        except RayServeException as exc:
+            print(f"Serve is not running: {exc}")
+        finally:
+            ray.shutdown()
+    end_drivers(serve_run_drivers(Path.cwd()))
+    subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], check=False)
+    before = set(SHM_BASELINE.read_text().split()) if SHM_BASELINE.exists() else set()
+    removed = remove_orphaned_engine_files(before)
+    if removed:
+        print(f"removed {len(removed)} shared-memory files of engines that were killed: {' '.join(removed)}")
 
 
 if __name__ == "__main__":

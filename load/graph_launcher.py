@@ -22,7 +22,7 @@ import psutil
 import yaml
 
 from deployments.stop import stop_serve
-from load.serve_config import pin_local_paths
+from load.serve_config import HEALTH_IMPORT_PATH, pin_local_paths
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,10 @@ def one_app_config(config_path: str, app: str | None, port: int) -> dict[str, An
     chosen = [a for a in apps if a["name"] == app] if app is not None else apps[:1]
     if not chosen:
         raise SystemExit(f"{config_path} has no application {app!r}; it has {[a['name'] for a in apps]}")
-    config["applications"] = chosen
+    # ... and the `/health` application, watching that one only.
+    health = [{**a, "args": {**a["args"], "applications": [chosen[0]["name"]]}} for a in apps
+              if a["import_path"] == HEALTH_IMPORT_PATH]  # fmt: skip
+    config["applications"] = chosen + health
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     return pin_local_paths(config, Path.cwd())
 
@@ -57,6 +60,7 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
     from ray.serve.schema import ServeDeploySchema
 
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
+    os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")  # as the Makefile sets it (it says why)
     # As the Makefile sets it for `ray start` (deployments.graph.check_transport_fits says why).
     os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(64 * 2**20))
     ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)

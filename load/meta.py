@@ -24,6 +24,6 @@ def run_meta(module: str | None = None, argv: list[str] | None = None) -> dict[s
     args = sys.argv[1:] if argv is None else argv
     return {
         "command": f"python -m {module} {shlex.join(args)}",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": f"{os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB RAM, no GPU",
     }

@@ -3,7 +3,9 @@
 Each round sends the same prompt three ways, interleaved so machine noise hits all alike:
 the graph over HTTP (streaming chat), optionally another server (e.g. `load.baseline`), and the
 engine itself in this process (`LLMStage` on an `AsyncLLM`, given the token ids). TTFT is request
-sent -> first generated token; E2E is request sent -> last token.
+sent -> first generated token; E2E is request sent -> last token. Added per token is the added time
+of each token after the first, (added E2E - added TTFT) / (tokens - 1): the first token's is the
+added TTFT, reported on its own.
 `python -m load.overhead --target graph=http://127.0.0.1:8000 --rounds 40`
 """
 
@@ -29,6 +31,14 @@ from serve_app.stages.tokenizer import TokenizerStage
 
 QUESTION = "Summarize what a serving graph does, in one short paragraph."
 MESSAGES = [{"role": "user", "content": QUESTION}]
+
+
+def added_per_token_ms(added_e2e_ms: float, added_ttft_ms: float, tokens: int) -> float:
+    """What a target adds to each streamed token after the first. Dividing the added E2E by every token
+    would spread the added TTFT over them too, and count it twice next to the added TTFT."""
+    if tokens < 2:
+        raise ValueError(f"added time per token needs at least 2 tokens, got {tokens}")
+    return (added_e2e_ms - added_ttft_ms) / (tokens - 1)
 
 
 async def over_http(client: httpx.AsyncClient, url: str, model: str, prompt: Prompt) -> tuple[float, float]:
@@ -84,7 +94,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
         t = report["targets"][name]
         t["added_ttft_ms_p50"] = t["ttft_ms"]["p50"] - base["ttft_ms"]["p50"]
         t["added_e2e_ms_p50"] = t["e2e_ms"]["p50"] - base["e2e_ms"]["p50"]
-        t["added_per_token_ms_p50"] = t["added_e2e_ms_p50"] / opts.max_tokens
+        t["added_per_token_ms_p50"] = added_per_token_ms(t["added_e2e_ms_p50"], t["added_ttft_ms_p50"], opts.max_tokens)
     return report
 
 
@@ -94,10 +104,12 @@ def main() -> None:
     parser.add_argument("--config", default="configs/cpu-tiny.yaml", help="engine args for the direct engine")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=32, help="at least 2: the first token's time is TTFT")
     parser.add_argument("--label", default="", help="what is special about this run, shown in the report")
     parser.add_argument("--out", default=None)
     opts = parser.parse_args()
+    if opts.max_tokens < 2:
+        parser.error("--max-tokens must be at least 2")
     report = asyncio.run(run(opts))
     print(json.dumps(report, indent=2))
     if opts.out:

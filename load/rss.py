@@ -14,10 +14,11 @@ that started it) to count only its processes.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,27 @@ class Proc:
     ppid: int
     title: str  # the command line as `ps -o args` shows it: Ray's process title for its workers
     rss_bytes: int
+    # For CPU accounting (load/bench/cpu.py): user + system seconds so far, the process group, and the
+    # start time, which tells a pid reused between two readings apart from the process read before.
+    cpu_s: float = 0.0
+    pgid: int = 0
+    started: float = 0.0
+
+
+def lineage(table: Mapping[int, Proc], pid: int) -> list[int]:
+    """`pid`, its parent, grandparent, ... up to the first pid missing from `table` (included: a parent
+    that could not be read is still known by its pid)."""
+    chain: list[int] = []
+    current: int | None = pid
+    for _ in range(_MAX_DEPTH):
+        if current is None:
+            break
+        chain.append(current)
+        if current not in table:
+            break
+        parent = table[current].ppid
+        current = parent if parent != current else None
+    return chain
 
 
 def stage_of(title: str) -> str | None:
@@ -62,16 +84,10 @@ def stage_rss(procs: Iterable[Proc], root_pid: int | None = None) -> dict[str, S
     rss: dict[str, int] = {}
     count: dict[str, int] = {}
     for p in table.values():
-        owner = None
-        inside = root_pid is None
-        pid: int | None = p.pid
-        for _ in range(_MAX_DEPTH):
-            if pid is None or pid not in table:
-                break
-            owner = owner or stages.get(pid)
-            inside = inside or pid == root_pid
-            pid = table[pid].ppid if table[pid].ppid != pid else None
-        inside = inside or pid == root_pid  # the root itself may be gone from the table (e.g. not readable)
+        chain = lineage(table, p.pid)
+        owner = next((stages[pid] for pid in chain if pid in stages), None)
+        # The root itself may be missing from the table (e.g. not readable): `lineage` still names it.
+        inside = root_pid is None or root_pid in chain
         if owner is None or not inside:
             continue
         rss[owner] = rss.get(owner, 0) + p.rss_bytes
@@ -82,11 +98,24 @@ def stage_rss(procs: Iterable[Proc], root_pid: int | None = None) -> dict[str, S
 def list_processes() -> list[Proc]:
     """Every readable process of the machine (those that vanish or are not ours to read are skipped)."""
     procs = []
-    for p in psutil.process_iter(["pid", "ppid", "cmdline", "memory_info"], ad_value=None):
+    fields = ["pid", "ppid", "cmdline", "memory_info", "cpu_times", "create_time"]
+    for p in psutil.process_iter(fields, ad_value=None):
         info = p.info
         if info["cmdline"] and info["memory_info"] is not None:
-            procs.append(Proc(info["pid"], info["ppid"] or 0, " ".join(info["cmdline"]), info["memory_info"].rss))
+            cpu = info["cpu_times"]
+            procs.append(Proc(
+                info["pid"], info["ppid"] or 0, " ".join(info["cmdline"]), info["memory_info"].rss,
+                cpu_s=cpu.user + cpu.system if cpu is not None else 0.0, pgid=_pgid(info["pid"]),
+                started=info["create_time"] or 0.0,
+            ))  # fmt: skip
     return procs
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except OSError:  # gone since it was listed: 0 is no process group
+        return 0
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,19 @@ def load_in_process(config_path: str, app: str | None = None) -> AppArgs:
     return parse_app_args(app_cfg["args"])
 
 
+GRAPH_IMPORT_PATH = "deployments.graph:build_app"
+HEALTH_IMPORT_PATH = "deployments.health:build_health_app"
+
+
+def graph_apps(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The config's model-serving applications (not its `/health` application)."""
+    return [app for app in config["applications"] if app["import_path"] == GRAPH_IMPORT_PATH]
+
+
 def pin_local_paths(config: dict[str, Any], root: Path) -> dict[str, Any]:
     """`config` with each application's relative model and codec paths made absolute under `root`:
     Serve builds applications in another process, whose working directory is not this one."""
-    for app in config["applications"]:
+    for app in graph_apps(config):
         args = app["args"]
         for holder, key in ((args["model"], "path"), (args.get("tts") or {}, "codec")):
             value = holder.get(key)

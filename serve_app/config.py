@@ -7,7 +7,7 @@ are not here: they live in the YAML's `deployments:` list, where Ray Serve itsel
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
@@ -41,9 +41,23 @@ class ModelConfig(_Strict):
         return self.tokenizer or self.path
 
 
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+
+
 class EngineConfig(_Strict):
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        default="auto", description="Weight and activation dtype."
+    dtype: Dtype = Field(
+        default="auto",
+        description="Weight and activation dtype. `auto`: the checkpoint's on a GPU; on a CPU bfloat16 where it "
+        "is native (AVX512-BF16/AMX), else float32 (emulated bfloat16 decodes ~5x slower). The llm replica logs "
+        "its choice and `/metrics` shows it (`serve_graph_engine_info`).",
+    )
+    cpu_cores: str = Field(
+        default="spread",
+        pattern=r"^(spread|auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$",
+        description="CPU engines only: the cores the engine's OpenMP threads are bound to. `spread`: the cores "
+        "of its node that the fewest other engines hold (as many as OMP_NUM_THREADS, default 1), so engines "
+        "on one node never share a core while another idles; `auto`: vLLM's own binding (one core kept for "
+        "an API server, every engine on the rest); `nobind`; or a core list such as `1` or `0-3,8`.",
     )
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."
@@ -329,11 +343,35 @@ class ConfigError(ValueError):
     """Invalid application arguments; the message names every bad field."""
 
 
+class GraphHealthArgs(_Strict):
+    """The `args:` of the graph's `/health` application (`deployments.health:build_health_app`)."""
+
+    applications: list[str] = Field(
+        min_length=1, description="Names of the applications (of this config) whose ingress and stages it watches."
+    )
+    poll_interval_s: float = Field(default=1.0, gt=0.0, le=60.0, description="How often it asks each ingress.")
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=60.0,
+        description="Time an ingress has to answer; past it the application is unhealthy (a hung ingress). "
+        "Above the ingress's worst answer time under overload, or `/health` flaps red under load.",
+    )
+
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
+
+
 def parse_app_args(raw: dict[str, Any] | AppArgs) -> AppArgs:
-    if isinstance(raw, AppArgs):
+    return parse_args(AppArgs, raw)
+
+
+def parse_args(cls: type[ArgsT], raw: dict[str, Any] | ArgsT) -> ArgsT:
+    """A YAML `args:` block as `cls`, or a ConfigError naming every bad field."""
+    if isinstance(raw, cls):
         return raw
     try:
-        return AppArgs.model_validate(raw)
+        return cls.model_validate(raw)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or '<args>'}: {err['msg']}" for err in exc.errors()

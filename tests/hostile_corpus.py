@@ -187,7 +187,7 @@ def _cases() -> list[HostileCase]:
         ("speech-speed-zero", _speech(speed=0), False),
         ("speech-speed-unsupported", _speech(speed=2.0), True),
         ("speech-speed-nan", b'{"input": "hi", "voice": "tara", "speed": NaN}', True),
-        ("speech-format-mp3", _speech(response_format="mp3"), True),
+        ("speech-format-ogg", _speech(response_format="ogg"), True),  # a container, not a response_format
         ("speech-stream-format", _speech(stream=True, stream_format="xml"), False),
         ("speech-instructions", _speech(instructions="whisper"), False),
         ("speech-unknown-field", _speech(pitch=3), True),

@@ -13,7 +13,12 @@ request and output-token throughput, goodput, TTFT, TPOT, ITL and E2EL (mean, P5
 
 Text to speech (--dataset tts) streams POST /v1/audio/speech as PCM and reports, as vLLM-Omni's TTS
 benchmarks do, TTFA, RTF, underruns of a real-time player and seconds of audio per second
-(definitions in metrics.py); 503 answers count as rejections, apart from failures.
+(definitions in metrics.py); 503 answers count as rejections, apart from failures. A speech cell goes
+on past --duration until --min-streams (30) streams succeeded, and the report flags fewer.
+
+CPU time (user + system) of every target's processes is read before and after each cell: CPU ms
+per successful request outside the engine, and per process role (cpu.py says which processes are a
+target's). A target given by URL is found by its listening port: run the bench on its machine.
 
 Writes results.json, results.md, latency_vs_level.png and health_over_time.png under --out.
 The client's own event-loop lag is measured too: a stalled client inflates every time it takes, and
@@ -32,7 +37,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from load.bench import images, report, targets, tts
+from load.bench import cpu, images, report, targets, tts
 from load.bench.client import RequestRecord
 from load.bench.datasets import (
     IMAGE_TEXT_LEN,
@@ -44,9 +49,13 @@ from load.bench.datasets import (
     long_input_lens,
     single_token_words,
 )
-from load.bench.metrics import parse_slos
+from load.bench.metrics import MIN_STREAMS, parse_slos
 from load.bench.runner import Cell, CellResult, Runner, Target, Workload
 from load.meta import run_meta
+
+# A cell's longest run for --min-streams: 30 streams of ~3.4 s audio at 1 stream at a time take ~2 min
+# at real time, and a server that fails every request must not hold the run for ever.
+MAX_DURATION_S = 300.0
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -101,6 +110,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="results folder (default results/bench/<time>)")
     p.add_argument("--label", default="", help="what is special about this run (server config), for the report")
+    p.add_argument(
+        "--handicap", action="append", default=[], metavar="NAME=WHY",
+        help="a target that runs at a disadvantage (e.g. another niceness): ratios against it are flagged",
+    )  # fmt: skip
+    p.add_argument(
+        "--min-streams", type=int, default=MIN_STREAMS,
+        help="speech, closed loop: a cell goes on past --duration until this many streams succeeded for the "
+        "target and level (over all rounds), up to --max-duration; 0: --duration only",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-duration", type=float, help=f"seconds a cell may run for --min-streams (default {MAX_DURATION_S:g}, "
+        "or --duration if longer)",
+    )  # fmt: skip
+    p.add_argument("--no-cpu", action="store_true", help="do not read the targets' processes' CPU time")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     opts = p.parse_args(argv)
@@ -119,6 +142,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         opts.endpoint = opts.endpoint or ("chat" if opts.dataset == "image" else "completions")
         if opts.input_len is None:
             opts.input_len = IMAGE_TEXT_LEN if opts.dataset == "image" else TEXT_INPUT_LEN
+    opts.handicapped = {}
+    for item in opts.handicap:
+        name, sep, why = item.partition("=")
+        if not sep or not name or not why:
+            p.error(f"--handicap {item}: expected NAME=WHY")
+        opts.handicapped[name] = why
+    if opts.min_streams < 0 or (opts.max_duration is not None and opts.max_duration < opts.duration):
+        p.error("--min-streams must not be negative, --max-duration not below --duration")
+    opts.max_duration = opts.max_duration or max(MAX_DURATION_S, opts.duration)
     if opts.max_concurrency is not None and opts.request_rate is None:
         p.error("--max-concurrency only applies with --request-rate")
     too_short = opts.input_len is not None and opts.input_len < 1  # None: speech has --tts-input-chars
@@ -138,6 +170,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if name in opts.urls or name in [s.partition(":")[0] for s in opts.start]:
             p.error(f"--target {item}: the name {name} is taken")
         opts.urls[name] = url.rstrip("/")
+    if unknown := set(opts.handicapped) - set(opts.urls) - {item.partition(":")[0] for item in opts.start}:
+        p.error(f"--handicap: no target named {', '.join(sorted(unknown))}")
     return opts
 
 
@@ -199,27 +233,37 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         rounds=opts.rounds, endpoint=opts.endpoint, max_concurrency=opts.max_concurrency, warmup=opts.warmup,
         health_interval_s=opts.health_interval, request_timeout_s=opts.request_timeout,
         rotate=not opts.no_rotate, seed=opts.seed, honor_retry_after=opts.honor_retry_after,
+        # Pooled over the rounds, each cell's share makes the target and level reach --min-streams.
+        min_ok=-(-opts.min_streams // opts.rounds) if opts.endpoint == "speech" else 0,
+        max_duration_s=opts.max_duration,
     )  # fmt: skip
-    with targets.started(opts.start, out) as started:
+    pids: dict[str, int] = {}
+    with targets.started(opts.start, out, pids) as started:
         urls: dict[str, str] = {**started, **opts.urls}
         with httpx.Client(timeout=60) as client:
             models = {name: fetch_model(client, url) for name, url in urls.items()}
         dataset = build_dataset(opts, urls, models)
+        meter, unmeasured = cpu.meter(pids, opts.urls) if not opts.no_cpu else (None, [])
+        if unmeasured:
+            print(f"CPU not measured for {', '.join(unmeasured)}: no process of this machine listens on its port")
         bar = Bar(len(levels) * opts.rounds * len(urls), disable=opts.no_progress)
         try:
             runner = Runner(
-                [Target(name, url, models[name].name) for name, url in urls.items()], dataset, workload, bar
+                [Target(name, url, models[name].name) for name, url in urls.items()], dataset, workload, bar, meter
             )
             cells = asyncio.run(runner.run())
         finally:
             bar.close()
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}
     config["input_lens"] = list(dataset.input_lens)
-    target_info = {name: {"url": urls[name], "model": m.name, "max_model_len": m.max_model_len}
+    scopes = meter.scopes if meter else {}
+    target_info = {name: {"url": urls[name], "model": m.name, "max_model_len": m.max_model_len,
+                          "cpu_scope": scopes[name].describe() if name in scopes else None}
                    for name, m in models.items()}  # fmt: skip
     document = report.build(cells, workload, target_info, config, opts.slos_ms, opts.underrun_threshold_ms)
     results: dict[str, Any] = report.jsonable(document)
-    results.update(run_meta("load.bench", list(argv) if argv is not None else None), kind="bench", label=opts.label)
+    results.update(run_meta("load.bench", list(argv) if argv is not None else None), kind="bench", label=opts.label,
+                   handicapped=opts.handicapped)  # fmt: skip
     report.write(results, out)
     if not opts.no_plots:
         from load.bench import plots  # matplotlib takes ~1 s to import: only when plotting

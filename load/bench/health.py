@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from load.stats import summary_ms
+from load.stats import percentile, summary_ms
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,20 @@ async def loop_lag(stop: asyncio.Event, interval_s: float = 0.01) -> list[float]
         await asyncio.sleep(interval_s)
         lags.append(max(0.0, time.perf_counter() - before - interval_s))
     return lags
+
+
+def per_second(samples: Sequence[HealthSample], t0: float) -> list[list[float | int]]:
+    """The samples in one-second bins from `t0`: [second, probes, p50 ms, max ms, not 200], for plots
+    and result files that must stay small (a probe every 100 ms is thousands per run)."""
+    bins: dict[int, list[HealthSample]] = {}
+    for s in samples:
+        bins.setdefault(int(s.sent_at - t0), []).append(s)
+    series: list[list[float | int]] = []
+    for second in sorted(bins):
+        ms = [s.latency * 1000 for s in bins[second]]
+        failures = sum(s.status != 200 for s in bins[second])
+        series.append([second, len(ms), round(percentile(ms, 50), 3), round(max(ms), 3), failures])
+    return series
 
 
 def summarize(samples: Sequence[HealthSample]) -> dict[str, Any]:

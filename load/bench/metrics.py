@@ -27,6 +27,9 @@ PERCENTILES = (50, 90, 99)
 SLO_METRICS = ("ttft", "tpot", "e2el")
 PCM_BYTES_PER_SAMPLE = 2  # 16-bit mono
 UNDERRUN_THRESHOLD_MS = 100.0
+# Successful speech streams below which a cell's TTFA, RTF and underrun percentiles are flagged: at 4-8
+# streams a p99 is the worst stream, and one slow stream moves a p50.
+MIN_STREAMS = 30
 # HTTP 503: the server refused the request at capacity (with Retry-After): load shed, not a failure.
 REJECTED = 503
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import json
 import math
-from collections.abc import Callable, Sequence
+import shlex
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from load.bench import health, metrics
+from load.bench import cpu, health, metrics
 from load.bench.client import RequestRecord
 from load.bench.runner import CellResult, Workload
 from load.bench.sse import STAGE_HEADERS
@@ -18,6 +21,11 @@ from load.stats import summary_ms
 # Client loop lag above which the markdown warns: a 10 ms sleeper woken this late means the client
 # itself was not running for as long as a slow server would make it wait.
 STALLED_MS = 50.0
+# Until this commit (061fa78) `--start` launched its servers in a session of their own: a scheduling
+# autogroup apart from the client's, where a server measured about half its throughput
+# (docs/benchmarks-notes.md, "Server and client in one scheduling group").
+SESSION_FIX = datetime.datetime(2026, 11, 22, 4, 37, 2, tzinfo=datetime.UTC)
+SESSION_HANDICAP = "started by --start in a session of its own (before 2026-11-22), up to ~2x slower"
 
 Compute = Callable[[Sequence[RequestRecord], float], dict[str, Any]]
 
@@ -46,6 +54,7 @@ def build(
             pooled = compute([r for c in mine for r in c.records], sum(c.duration_s for c in mine))
             pooled["health_ms"] = health.summarize([s for c in mine for s in c.health])
             pooled["client_loop_lag_ms"] = summary_ms([lag for c in mine for lag in c.loop_lag])
+            pooled["cpu"] = cpu.pool([c.cpu for c in mine], pooled["completed"])
             results[name][level_key(level)] = pooled
     return {
         "config": config,
@@ -56,6 +65,10 @@ def build(
         "targets": targets,
         "results": results,
         "cells": [_cell_line(c, t0, compute) for c in cells],
+        "health_series": {
+            name: health.per_second([s for c in cells if c.cell.target == name for s in c.health], t0)
+            for name in targets
+        },
         "health_timeline": {
             name: [
                 [round(s.sent_at - t0, 3), round(s.latency * 1000, 3), s.status]
@@ -75,11 +88,13 @@ def _cell_line(c: CellResult, t0: float, compute: Compute) -> dict[str, Any]:
                      "underrun_rate": m["underrun_rate"]}  # fmt: skip
     else:
         latencies = {"ttft_p50_ms": m["ttft_ms"]["p50"], "tpot_p50_ms": m["tpot_ms"]["p50"]}
+    cell_cpu = cpu.pool([c.cpu], m["completed"])
     return {
         "round": c.cell.round, "level": level_key(c.cell.level), "target": c.cell.target,
         "start_s": round(c.started_at - t0, 3), "duration_s": c.duration_s,
         "completed": m["completed"], "failed": m["failed"], "request_throughput": m["request_throughput"],
         **latencies, "health_p99_ms": health.summarize(c.health)["p99"],
+        "cpu_outside_engine_ms_per_request": None if cell_cpu is None else cell_cpu["outside_engine_ms_per_request"],
     }  # fmt: skip
 
 
@@ -107,6 +122,7 @@ def _num_pair(summary: dict[str, float] | None) -> str:
 
 
 Row = tuple[str, str, dict[str, Any]]  # level, target, its pooled metrics
+CPU_COLUMN = "CPU ms/req outside engine"
 
 
 def _text_tables(results: dict[str, Any], level_name: str, rows: list[Row]) -> list[str]:
@@ -114,15 +130,16 @@ def _text_tables(results: dict[str, Any], level_name: str, rows: list[Row]) -> l
     lines = [
         f"Throughput and `/health` under load (goodput: {slos}; /health in ms)",
         "",
-        f"| target | {level_name} | ok | failed | req/s | out tok/s | goodput req/s | /health p50 | p95 | p99 | max |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| target | {level_name} | ok | failed | req/s | out tok/s | goodput req/s | /health p50 | p95 | p99 | max "
+        f"| {CPU_COLUMN} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for level, name, m in rows:
         h = m["health_ms"]
         lines.append(
             f"| {name} | {level} | {m['completed']} | {m['failed']} | {_num(m['request_throughput'], 2)} "
             f"| {_num(m['output_throughput'])} | {_num(m['request_goodput'], 2)} | {_num(h['p50'], 2)} "
-            f"| {_num(h['p95'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} |"
+            f"| {_num(h['p95'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} | {_num(cpu.outside_engine_ms(m), 2)} |"
         )
     lines += [
         "",
@@ -145,20 +162,26 @@ def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
         "Text to speech under load. audio s/s: seconds of audio streamed per second; RTF: E2EL / audio duration; "
         "underrun: how late a stream's most delayed chunk came for a player that started at the first chunk, "
         f"and the share of streams late by more than {threshold:g} ms; rejected: HTTP 503 (at capacity). "
-        "TTFA, underrun and /health in ms",
+        f"TTFA, underrun and /health in ms; ⚠: fewer than {metrics.MIN_STREAMS} streams",
         "",
         f"| target | {level_name} | ok | failed | rejected | req/s | audio s/s | TTFA p50 | TTFA p99 | RTF p50 "
-        "| RTF p99 | underrun rate | underrun p99 | /health p50 | p99 | max |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| RTF p99 | underrun rate | underrun p99 | /health p50 | p99 | max | {CPU_COLUMN} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    few = [f"{name} @ {level}: {m['completed']}" for level, name, m in rows if m["completed"] < metrics.MIN_STREAMS]
     for level, name, m in rows:
         h, ttfa, rtf = m["health_ms"], m["ttfa_ms"], m["rtf"]
+        ok = f"{m['completed']}" + (" ⚠" if m["completed"] < metrics.MIN_STREAMS else "")
         lines.append(
-            f"| {name} | {level} | {m['completed']} | {m['failed']} | {m['rejected']} "
+            f"| {name} | {level} | {ok} | {m['failed']} | {m['rejected']} "
             f"| {_num(m['request_throughput'], 2)} | {_num(m['audio_throughput'], 2)} | {_num(ttfa['p50'])} "
             f"| {_num(ttfa['p99'])} | {_num(rtf['p50'], 3)} | {_num(rtf['p99'], 3)} | {_num(m['underrun_rate'], 3)} "
-            f"| {_num(m['underrun_ms']['p99'])} | {_num(h['p50'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} |"
+            f"| {_num(m['underrun_ms']['p99'])} | {_num(h['p50'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} "
+            f"| {_num(cpu.outside_engine_ms(m), 2)} |"
         )
+    if few:
+        lines += ["", f"**Too few streams** (fewer than {metrics.MIN_STREAMS} succeeded; their percentiles are not fit "
+                  f"to compare; rerun with a longer --duration or --min-streams): {'; '.join(few)}"]  # fmt: skip
     lines += [
         "",
         "Distributions: mean / p50 / p90 / p99",
@@ -174,10 +197,38 @@ def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
     return lines
 
 
+def handicaps(results: Mapping[str, Any]) -> dict[str, str]:
+    """The targets of a result that ran handicapped, and why: those it names (`--handicap NAME=WHY`), and
+    those a run before SESSION_FIX started itself (`--start KIND`)."""
+    found = dict(results.get("handicapped") or {})
+    date = results.get("date")
+    if date and datetime.datetime.fromisoformat(date) < SESSION_FIX:
+        args = shlex.split(results.get("command", ""))
+        values = [b for a, b in itertools.pairwise(args) if a == "--start"]
+        values += [a.removeprefix("--start=") for a in args if a.startswith("--start=")]
+        for value in values:
+            found.setdefault(value.partition(":")[0], SESSION_HANDICAP)
+    return found
+
+
 def _ratio(a: float | None, b: float | None) -> str:
     if a is None or b is None or math.isnan(a) or math.isnan(b) or b == 0:
         return "-"
     return f"{a / b:.2f}x"
+
+
+def ratio(a: float | None, b: float | None, handicapped: bool) -> str:
+    """a / b; flagged when either side ran handicapped: such a ratio is not like for like."""
+    plain = _ratio(a, b)
+    return f"⚠ {plain} (handicapped)" if handicapped and plain != "-" else plain
+
+
+def handicap_notes(handicapped: Mapping[str, str]) -> list[str]:
+    """The lines under a table of ratios that says which targets ran handicapped, and how."""
+    if not handicapped:
+        return []
+    why = "; ".join(f"`{name}`: {reason}" for name, reason in handicapped.items())
+    return ["", f"**⚠ Handicapped targets**, their ratios favour the other side by an unknown factor: {why}."]
 
 
 def _vs_graph(results: dict[str, Any], level_name: str, speech: bool) -> list[str]:
@@ -185,6 +236,7 @@ def _vs_graph(results: dict[str, Any], level_name: str, speech: bool) -> list[st
     others = [name for name in results["targets"] if name != "graph"]
     if "graph" not in results["targets"] or not others:
         return []
+    handicapped = handicaps(results)
     latency, label = ("ttfa_ms", "TTFA") if speech else ("ttft_ms", "TTFT")
     lines = [
         "",
@@ -198,11 +250,12 @@ def _vs_graph(results: dict[str, Any], level_name: str, speech: bool) -> list[st
         graph = results["results"]["graph"][level]
         for name in others:
             other = results["results"][name][level]
+            flag = "graph" in handicapped or name in handicapped
             lines.append(
-                f"| {name} | {level} | {_ratio(graph['request_throughput'], other['request_throughput'])} "
-                f"| {_ratio(graph[latency]['p50'], other[latency]['p50'])} |"
+                f"| {name} | {level} | {ratio(graph['request_throughput'], other['request_throughput'], flag)} "
+                f"| {ratio(graph[latency]['p50'], other[latency]['p50'], flag)} |"
             )
-    return lines
+    return lines + handicap_notes({n: r for n, r in handicapped.items() if n in results["targets"]})
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -213,6 +266,7 @@ def markdown(results: dict[str, Any]) -> str:
     speech = results.get("endpoint") == "speech"
     lines = _speech_table(level_name, rows) if speech else _text_tables(results, level_name, rows)
     lines += _vs_graph(results, level_name, speech)
+    lines += cpu.markdown(level_name, rows)
     stages = [stage for stage in STAGE_HEADERS.values() if any(stage in m["stage_ms"] for _, _, m in rows)]
     if stages:
         lines += ["", "Stage times the server reports (X-*-Time headers), ms: p50 / p99", ""]

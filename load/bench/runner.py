@@ -15,6 +15,7 @@ import httpx
 
 from load.bench import tts
 from load.bench.client import Endpoint, RequestRecord, send
+from load.bench.cpu import CellCpu, Meter
 from load.bench.datasets import Dataset
 from load.bench.health import HealthSample, loop_lag, probe
 
@@ -53,6 +54,10 @@ class Workload:
     # Closed loop: a user that got 503 + Retry-After waits that long before its next request, as a
     # well-behaved client does, instead of re-sending at once and loading the server with rejections.
     honor_retry_after: bool = False
+    # Closed loop: a cell goes on past `duration_s` until this many requests succeeded, up to
+    # `max_duration_s`: speech streams take seconds each, and a percentile of a handful says little.
+    min_ok: int = 0
+    max_duration_s: float | None = None
 
 
 @dataclass
@@ -63,6 +68,7 @@ class CellResult:
     records: list[RequestRecord]
     health: list[HealthSample]
     loop_lag: list[float]  # seconds, see health.loop_lag
+    cpu: CellCpu | None = None  # the target's processes' CPU time over the cell, see cpu.py
 
 
 class Progress(Protocol):
@@ -98,18 +104,28 @@ SendNext = Callable[[], Awaitable[RequestRecord]]
 
 
 async def closed_loop(
-    send_next: SendNext, concurrency: int, duration_s: float, honor_retry_after: bool = False
-) -> list[RequestRecord]:
-    """`concurrency` users sending back to back; none starts a request after `duration_s`."""
-    deadline = time.perf_counter() + duration_s
+    send_next: SendNext, concurrency: int, duration_s: float, honor_retry_after: bool = False, min_ok: int = 0,
+    max_duration_s: float | None = None,
+) -> list[RequestRecord]:  # fmt: skip
+    """`concurrency` users sending back to back; none starts a request after `duration_s`, unless fewer
+    than `min_ok` requests have succeeded: then until they have, but never after `max_duration_s`."""
+    start = time.perf_counter()
+    deadline = start + duration_s
+    hard_deadline = start + max(duration_s, max_duration_s or duration_s)
+    succeeded = 0
+
+    def end() -> float:
+        return deadline if succeeded >= min_ok else hard_deadline
 
     async def user() -> list[RequestRecord]:
+        nonlocal succeeded
         done = []
-        while time.perf_counter() < deadline:
+        while time.perf_counter() < end():
             record = await send_next()
+            succeeded += record.ok
             done.append(record)
             if honor_retry_after and record.retry_after_s:
-                await asyncio.sleep(max(0.0, min(record.retry_after_s, deadline - time.perf_counter())))
+                await asyncio.sleep(max(0.0, min(record.retry_after_s, end() - time.perf_counter())))
         return done
 
     return [r for records in await asyncio.gather(*(user() for _ in range(concurrency))) for r in records]
@@ -136,11 +152,15 @@ class Runner:
     """Sends each target the dataset's prompts in order, continuing across cells, so two targets get
     the same prompts and no target sees a prompt twice (that would hit its prefix cache)."""
 
-    def __init__(self, targets: Sequence[Target], dataset: Dataset, workload: Workload, progress: Progress) -> None:
+    def __init__(
+        self, targets: Sequence[Target], dataset: Dataset, workload: Workload, progress: Progress,
+        cpu: Meter | None = None,
+    ) -> None:  # fmt: skip
         self.targets = {t.name: t for t in targets}
         self.dataset = dataset
         self.workload = workload
         self.progress = progress
+        self.cpu = cpu
         self.next_prompt = dict.fromkeys(self.targets, 0)
 
     def _sender(self, client: httpx.AsyncClient, target: Target, report: bool) -> SendNext:
@@ -184,16 +204,24 @@ class Runner:
         w = self.workload
         target = self.targets[cell.target]
         send_next = self._sender(client, target, report=True)
+        # A thread: reading every process's /proc entries takes a while on a busy machine.
+        before = await asyncio.to_thread(self.cpu.snapshot) if self.cpu else None
         stop = asyncio.Event()
         probes = asyncio.create_task(probe(health_client, target.url, stop, w.health_interval_s))
         lags = asyncio.create_task(loop_lag(stop))
         started_at = time.perf_counter()
         if w.mode == "concurrency":
-            records = await closed_loop(send_next, int(cell.level), w.duration_s, w.honor_retry_after)
+            records = await closed_loop(
+                send_next, int(cell.level), w.duration_s, w.honor_retry_after, w.min_ok, w.max_duration_s
+            )
         else:
             # The same arrival times for every target of a (round, level): only the target differs.
             rng = random.Random(f"{w.seed}:{cell.round}:{cell.level}")
             records = await open_loop(send_next, arrival_offsets(cell.level, w.duration_s, rng), w.max_concurrency)
         duration_s = time.perf_counter() - started_at
         stop.set()
-        return CellResult(cell, started_at, duration_s, records, await probes, await lags)
+        health, lag = await probes, await lags
+        cpu = None
+        if self.cpu and before:
+            cpu = self.cpu.measure(cell.target, before, await asyncio.to_thread(self.cpu.snapshot))
+        return CellResult(cell, started_at, duration_s, records, health, lag, cpu)

@@ -64,13 +64,17 @@ def baseline(arg: str | None) -> LaunchSpec:
 def vllm(arg: str | None) -> LaunchSpec:
     """`vllm serve` of the model of a config's application, with the same engine settings and env vars."""
     from load.serve_config import load_in_process
+    from serve_app.stages.engine_placement import cpu_has_native_bf16, resolve_dtype
 
     args = load_in_process(*config_and_app(arg))  # also sets the config's env vars, which the child inherits
     port = free_port()
     engine = args.engine
+    # The dtype the graph's llm stage resolves `auto` to on this machine (vLLM's own `auto` keeps the
+    # checkpoint's, which may be an emulated bfloat16 here).
+    dtype = resolve_dtype(engine.dtype, on_gpu=False, native_bf16=cpu_has_native_bf16())
     command = [*NICE, sys.executable, "-m", "load.vllm_cli", "serve", args.model.path, "--host", "127.0.0.1",
                "--port", str(port), "--served-model-name", args.model.name,
-               "--max-model-len", str(args.model.max_model_len), "--dtype", engine.dtype,
+               "--max-model-len", str(args.model.max_model_len), "--dtype", dtype,
                "--max-num-seqs", str(engine.max_num_seqs), "--seed", str(engine.seed),
                "--stream-interval", str(engine.stream_interval)]  # fmt: skip
     if engine.enforce_eager:
@@ -151,7 +155,8 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
 
 
 @contextmanager
-def launched(spec: LaunchSpec, log: Path) -> Iterator[str]:
+def launched(spec: LaunchSpec, log: Path) -> Iterator[tuple[str, int]]:
+    """Yields the server's URL once healthy and its main process's pid, which leads its process group."""
     with open(log, "wb") as out:
         # A process group of its own, so stopping it reaches the engine processes it forks and nothing
         # else. Not a session of its own: with the kernel's autogroup scheduling a new session is a new
@@ -160,14 +165,15 @@ def launched(spec: LaunchSpec, log: Path) -> Iterator[str]:
         process = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, process_group=0)
     try:
         wait_healthy(process, spec.url, spec.ready_timeout_s, log)
-        yield spec.url
+        yield spec.url, process.pid
     finally:
         stop(process, spec.stop_timeout_s)
 
 
 @contextmanager
-def started(specs: Sequence[str], log_dir: Path) -> Iterator[dict[str, str]]:
-    """Starts `KIND[:ARG]` targets one after another; yields {kind: url}; stops them all on exit."""
+def started(specs: Sequence[str], log_dir: Path, pids: dict[str, int] | None = None) -> Iterator[dict[str, str]]:
+    """Starts `KIND[:ARG]` targets one after another; yields {kind: url}; stops them all on exit. `pids`,
+    when given, gets {kind: main process id} (for CPU accounting, cpu.py)."""
     urls: dict[str, str] = {}
     with ExitStack() as stack:
         for item in specs:
@@ -177,5 +183,7 @@ def started(specs: Sequence[str], log_dir: Path) -> Iterator[dict[str, str]]:
             if kind in urls:
                 raise ValueError(f"--start {item}: {kind} is already started")
             log_dir.mkdir(parents=True, exist_ok=True)
-            urls[kind] = stack.enter_context(launched(LAUNCHERS[kind](arg or None), log_dir / f"{kind}.log"))
+            urls[kind], pid = stack.enter_context(launched(LAUNCHERS[kind](arg or None), log_dir / f"{kind}.log"))
+            if pids is not None:
+                pids[kind] = pid
         yield urls

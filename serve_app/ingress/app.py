@@ -31,8 +31,8 @@ from serve_app.ingress.deadline import Deadline, request_deadline
 from serve_app.ingress.paths import KNOWN_PATHS, route_path
 from serve_app.ingress.pipeline import Services
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
-from serve_app.ingress.speech.protocol import SpeechRequest
-from serve_app.ingress.speech.serving import create_speech
+from serve_app.ingress.speech.protocol import SpeechRequest, VoiceList
+from serve_app.ingress.speech.serving import create_speech, list_voices
 from serve_app.ingress.tokenize import serving as tokenize_serving
 from serve_app.ingress.tokenize.protocol import (
     DetokenizeRequest,
@@ -204,6 +204,10 @@ def create_app(services: Services) -> FastAPI:
     @app.post("/v1/audio/speech", responses=_ERRORS, response_class=Response)
     async def speech(request: SpeechRequest, deadline: Deadline | None = with_deadline) -> Response:
         return await create_speech(services, request, deadline)
+
+    @app.get("/v1/audio/voices", response_model=VoiceList, responses=_ERRORS)
+    async def voices() -> VoiceList:
+        return list_voices(services)
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:

@@ -69,7 +69,7 @@ class HealthMonitor:
         started = time.monotonic()
         try:
             await asyncio.wait_for(self._checks[name](), self._timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return StageHealth(False, f"no answer within {self._timeout_s} s", started)
         except Exception as exc:  # any failure of a stage's check is that stage being unhealthy
             return StageHealth(False, f"{type(exc).__name__}: {exc}"[:300], started)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.types import Scope
 
 GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/audio/speech"})
-KNOWN_PATHS = GENERATION_PATHS | {"/v1/models", "/tokenize", "/detokenize", "/health", "/metrics"}
+KNOWN_PATHS = GENERATION_PATHS | {"/v1/models", "/v1/audio/voices", "/tokenize", "/detokenize", "/health", "/metrics"}
 
 
 def route_path(scope: Scope) -> str:

@@ -70,7 +70,7 @@ class ImageFetcher:
         if scheme in ("http", "https"):
             try:
                 return await asyncio.wait_for(self._fetch_http(url), self._config.fetch.timeout_s)
-            except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
+            except (TimeoutError, httpx.TimeoutException) as exc:
                 raise BadRequestError(
                     f"Fetching the image from {_host_of(url)} timed out after {self._config.fetch.timeout_s} s.",
                     code="image_fetch_failed",

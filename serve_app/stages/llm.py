@@ -8,11 +8,15 @@ only detokenizes its own output incrementally, which stop strings need.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any, Protocol
+
+from prometheus_client import Info
 
 from serve_app.config import AppArgs
 from serve_app.errors import (
@@ -23,10 +27,16 @@ from serve_app.errors import (
     ServiceUnavailableError,
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
+from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, resolve_dtype
 from serve_app.stages.engine_watchdog import EngineWatchdog
+
+# Serve sends this logger to the replica's log file.
+logger = logging.getLogger("ray.serve")
 
 # JSON has no -inf; vLLM's OpenAI server uses the same floor.
 _LOGPROB_FLOOR = -9999.0
+# In this process's default registry, which the llm deployment's `metrics_text` serves to `/metrics`.
+_ENGINE_INFO = Info("serve_graph_engine", "The dtype and cores the engine of this llm replica runs with.")
 
 
 class Engine(Protocol):
@@ -43,15 +53,24 @@ class Engine(Protocol):
 
 def build_engine(args: AppArgs) -> Engine:
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    on_cpu = current_platform.is_cpu()
+    dtype = resolve_dtype(args.engine.dtype, on_gpu=not on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
+    placement = {"dtype": dtype, "cpu_cores": "-"}
+    if on_cpu:
+        placement["cpu_cores"] = bind_engine_cores(args.engine.cpu_cores, int(os.environ.get("OMP_NUM_THREADS", "1")))
+    logger.info("engine for %s: dtype %s (asked %s), cores %s", args.model.name, dtype, args.engine.dtype,
+                placement["cpu_cores"])  # fmt: skip
+    _ENGINE_INFO.info(placement)
     engine_args = AsyncEngineArgs(
         model=args.model.path,
         tokenizer=args.model.tokenizer_path,
         served_model_name=[args.model.name],
         max_model_len=args.model.max_model_len,
         trust_remote_code=args.model.trust_remote_code,
-        dtype=args.engine.dtype,
+        dtype=dtype,
         enforce_eager=args.engine.enforce_eager,
         max_num_seqs=args.engine.max_num_seqs,
         max_num_batched_tokens=args.engine.max_num_batched_tokens,

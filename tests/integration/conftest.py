@@ -16,20 +16,17 @@ from typing import Any
 
 import pytest
 
+from deployments.stop import remove_orphaned_engine_files, shm_files
 from tests.integration.support import (
     APP,
-    ENGINE_SHM_PREFIXES,
     LIMITS_PREFIX,
     NODES,
     PORT,
     ROOT,
-    SHM,
     TTS_PREFIX,
     VISION_PREFIX,
     graph_healthy,
     load_test_config,
-    orphaned_shm_files,
-    shm_files,
     wait_for,
 )
 
@@ -91,9 +88,7 @@ def cluster() -> Iterator[Any]:
         cluster.shutdown()
         # The fault tests SIGKILL engines on purpose, and a killed EngineCore cannot unlink its shared-memory
         # queues: left alone, every run would leave a dozen files in /dev/shm.
-        for name in orphaned_shm_files(shm_before):
-            if name.startswith(ENGINE_SHM_PREFIXES):
-                (SHM / name).unlink(missing_ok=True)
+        remove_orphaned_engine_files(shm_before)
 
 
 @pytest.fixture(scope="session")

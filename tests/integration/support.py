@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import yaml
 
 from load.serve_config import pin_local_paths
@@ -18,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cpu-tiny.yaml"
 PORT = int(os.environ.get("SERVE_GRAPH_TEST_PORT", "18123"))
 APP = "llm-app"
+# The graph's `/health` application (configs/cpu-tiny.yaml).
+HEALTH_APP = "health-app"
 VISION_APP = "vision-app"
 VISION_PREFIX = "/vision"
 # The vision app's engine hang watchdog, small so that test_zy_faults.py sees it fire within seconds.
@@ -36,7 +37,7 @@ NODES: dict[str, dict[str, Any]] = {
     "accelerator_node": {"num_cpus": 2},
 }
 STAGE_NODE = {"ingress": "head_node", "tokenizer": "cpu_node", "multimodal": "cpu_node", "vocoder": "cpu_node",
-              "llm": "accelerator_node"}  # fmt: skip
+              "llm": "accelerator_node", "health": "head_node"}  # fmt: skip
 # A second loopback address, allow-listed for image fetching in the test config only: 127.0.0.1 stays
 # refused as in the shipped config, so one graph shows both the default and the configured behaviour.
 ALLOWED_LOOPBACK = "127.0.0.2"
@@ -51,6 +52,7 @@ def load_test_config() -> dict[str, Any]:
             app["args"]["multimodal"]["fetch"] = {"allowed_hosts": [ALLOWED_LOOPBACK], "timeout_s": 5}
             app["args"]["engine"]["watchdog_timeout_s"] = WATCHDOG_TIMEOUT_S
     config["applications"].append(limits_app(config["applications"][0]))
+    next(a for a in config["applications"] if a["name"] == HEALTH_APP)["args"]["applications"].append(LIMITS_APP)
     for app in config["applications"]:
         for deployment in app["deployments"]:
             options = deployment.setdefault("ray_actor_options", {})
@@ -92,29 +94,3 @@ def graph_healthy(base_url: str) -> bool:
         return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-SHM = Path("/dev/shm")
-# vLLM's shared-memory queues (multiprocessing SharedMemory) and multiprocessing's semaphores.
-ENGINE_SHM_PREFIXES = ("psm_", "sem.mp-")
-
-
-def held_shm_files() -> set[str]:
-    """/dev/shm files some live process has open or mapped."""
-    held = set()
-    for proc in psutil.process_iter():
-        try:
-            held |= {Path(f.path).name for f in proc.open_files() if f.path.startswith("/dev/shm/")}
-            held |= {Path(m.path).name for m in proc.memory_maps(grouped=True) if m.path.startswith("/dev/shm/")}
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return held
-
-
-def shm_files() -> set[str]:
-    return {p.name for p in SHM.iterdir()}
-
-
-def orphaned_shm_files(before: set[str]) -> set[str]:
-    """/dev/shm files that appeared since `before` (a `shm_files()` listing) and no live process holds."""
-    return shm_files() - before - held_shm_files()

@@ -44,5 +44,7 @@ def test_every_application_is_healthy_and_serves_after_the_corpus(
     image = {"type": "image_url", "image_url": {"url": data_url(png())}}
     messages = [{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}]
     assert vision_client.chat.completions.create(model="tiny-llava", messages=messages, max_tokens=2).choices
-    audio = tts_client.audio.speech.create(model="tiny-orpheus", voice="tara", input="Still here.")
+    audio = tts_client.audio.speech.create(
+        model="tiny-orpheus", voice="tara", input="Still here.", response_format="wav"
+    )
     assert audio.content[:4] == b"RIFF"

@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 import psutil
 
-from tests.integration.support import APP, CONFIG, ROOT, graph_healthy, orphaned_shm_files, shm_files, wait_for
+from deployments.stop import orphaned_shm_files, shm_files
+from tests.integration.support import APP, CONFIG, ROOT, graph_healthy, wait_for
 
 STREAMS = 3
 

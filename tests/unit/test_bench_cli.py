@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,7 +91,11 @@ def test_speech(tmp_path: Path) -> None:
         ])  # fmt: skip
     assert (results["endpoint"], results["config"]["input_lens"]) == ("speech", [40])
     m = results["results"]["tts"]["2"]
-    assert m["completed"] > 0 and m["failed"] == m["rejected"] == 0
+    assert m["completed"] >= 30 and m["failed"] == m["rejected"] == 0  # --min-streams' default, past --duration
+    # The server listens in this very process: its CPU is read (client and server together here).
+    assert results["targets"]["tts"]["cpu_scope"] == f"descendants of {os.getpid()}"
+    assert m["cpu"]["outside_engine_ms_per_request"] > 0
+    assert [role.startswith("other:python") for role in m["cpu"]["roles"]] == [True]  # python or python3
     assert m["total_audio_s"] == pytest.approx(0.2 * m["completed"])
     # Client and server share this process's GIL: no claim on how late the audio comes, only that it is measured.
     assert 0 <= m["underrun_rate"] <= 1 and m["rtf"]["p50"] > 0 and m["ttfa_ms"]["p50"] > 0
@@ -102,6 +107,7 @@ def test_speech(tmp_path: Path) -> None:
         "results.json", "results.md", "latency_vs_level.png", "health_over_time.png",
     }  # fmt: skip
     assert "| tts | 2 | " in (tmp_path / "results.md").read_text()
+    assert "Too few streams" not in (tmp_path / "results.md").read_text()
 
 
 def test_speech_rejections_are_not_failures(tmp_path: Path) -> None:
@@ -133,6 +139,10 @@ def test_defaults_depend_on_the_dataset() -> None:
     speech = parse_args(["--start", "baseline:@tts-app", "--dataset", "tts"])
     assert (speech.endpoint, speech.input_len, speech.tts_input_chars, speech.voice) == ("speech", None, 120, "tara")
     assert speech.underrun_threshold_ms == 100.0
+    assert (speech.min_streams, speech.max_duration) == (30, 300.0)
+    assert parse_args(["--target", "a=http://x", "--duration", "400"]).max_duration == 400.0
+    handicapped = parse_args(["--target", "graph=http://x", "--start", "vllm", "--handicap", "vllm=nice 19"])
+    assert handicapped.handicapped == {"vllm": "nice 19"}
 
 
 @pytest.mark.parametrize(
@@ -159,6 +169,10 @@ def test_defaults_depend_on_the_dataset() -> None:
         ["--target", "a=http://x", "--dataset", "tts", "--tts-input-chars", "0"],
         ["--target", "a=http://x", "--dataset", "tts", "--underrun-threshold-ms", "-1"],
         ["--target", "a=http://x", "--input-len", "0"],
+        ["--target", "a=http://x", "--handicap", "a"],
+        ["--target", "a=http://x", "--handicap", "b=nice 19"],
+        ["--target", "a=http://x", "--min-streams", "-1"],
+        ["--target", "a=http://x", "--duration", "60", "--max-duration", "30"],
     ],
 )
 def test_bad_arguments(argv: list[str]) -> None:

@@ -77,12 +77,14 @@ def test_speech_tables() -> None:
     assert "late by more than 150 ms" in table
     assert (
         "| target | concurrency | ok | failed | rejected | req/s | audio s/s | TTFA p50 | TTFA p99 | RTF p50 | RTF p99 "
-        "| underrun rate | underrun p99 | /health p50 | p99 | max |" in table
+        "| underrun rate | underrun p99 | /health p50 | p99 | max | CPU ms/req outside engine |" in table
     )
+    # Two streams: flagged in the row and loudly under the table.
     assert (
-        "| a | 2 | 2 | 0 | 1 | 1.00 | 1.00 | 200.0 | 298.0 | 0.800 | 0.996 | 0.500 | 198.0 | 3.00 | 4.00 | 4.00 |"
+        "| a | 2 | 2 ⚠ | 0 | 1 | 1.00 | 1.00 | 200.0 | 298.0 | 0.800 | 0.996 | 0.500 | 198.0 | 3.00 | 4.00 | 4.00 | - |"
         in table
     )
+    assert "**Too few streams** (fewer than 30 succeeded;" in table and "a @ 2: 2" in table
     assert "| a | 2 | 200.0 / 200.0 / 280.0 / 298.0 | 800.0 / 800.0 / 960.0 / 996.0 |" in table
     assert "| a | 2 | 1.00 / 1.00 | 3.00 / 3.00 |" in table  # tokenizer, vocoder_first_chunk
     assert "Rejections (HTTP 503): a @ 2: 1 in 4.00 / 4.00 ms" in table
@@ -104,3 +106,29 @@ def test_ratios_to_graph() -> None:
     targets = {"graph": {"url": "http://g"}, "baseline": {"url": "http://b"}}
     table = report.markdown(report.jsonable(report.build(cells, speech, targets, {}, {})))
     assert "| baseline | 2 | 1.00x | 2.00x |" in table and "TTFA p50 ratio" in table
+    assert "Handicapped" not in table
+
+
+def test_ratios_against_a_handicapped_target_are_flagged() -> None:
+    workload = Workload(mode="concurrency", levels=(2.0,), duration_s=1.0, rounds=1)
+    cells = [cell(0, "graph", [ok(0.3)], 10.0), cell(0, "vllm", [ok(0.1), ok(0.1)], 11.0)]
+    targets = {name: {"url": f"http://{name}"} for name in ("graph", "vllm")}
+    results = report.jsonable(report.build(cells, workload, targets, {}, {}))
+    results["handicapped"] = {"vllm": "nice 19"}
+    table = report.markdown(results)
+    assert "| vllm | 2 | ⚠ 0.50x (handicapped) | ⚠ 3.00x (handicapped) |" in table
+    assert "**⚠ Handicapped targets**" in table and "`vllm`: nice 19" in table
+
+
+@pytest.mark.parametrize(
+    ("command", "date", "expected"),
+    [
+        # Before the launcher's fix, a --start target ran in a scheduling autogroup of its own.
+        ("python -m load.bench --target graph=http://x --start vllm:c.yaml@a --start=baseline",
+         "2026-11-21T21:18:06+00:00", {"vllm", "baseline"}),
+        ("python -m load.bench --target graph=http://x --start vllm", "2026-11-23T10:00:00+00:00", set()),
+        ("python -m load.bench --target graph=http://x --target b=http://y", "2026-11-21T21:18:06+00:00", set()),
+    ],
+)  # fmt: skip
+def test_handicaps_inferred_from_the_command_and_date(command: str, date: str, expected: set[str]) -> None:
+    assert set(report.handicaps({"command": command, "date": date})) == expected

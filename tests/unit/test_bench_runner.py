@@ -88,6 +88,23 @@ async def test_closed_loop_waits_out_retry_after_when_asked() -> None:
     assert len(refusals) > 3  # without it, back to back
 
 
+async def test_closed_loop_goes_on_until_enough_succeed_within_a_cap() -> None:
+    fake = FakeSend(0.02)
+    start = time.perf_counter()
+    records = await closed_loop(fake, concurrency=2, duration_s=0.01, min_ok=20, max_duration_s=5.0)
+    assert 20 <= len(records) <= 22  # the users stop once 20 have come back: at most one more each
+    assert time.perf_counter() - start < 5.0
+
+    async def failing() -> RequestRecord:
+        await asyncio.sleep(0.01)
+        return RequestRecord(sent_at=0.0, input_len=1, status=500, error="HTTP 500")
+
+    start = time.perf_counter()
+    records = await closed_loop(failing, concurrency=1, duration_s=0.05, min_ok=5, max_duration_s=0.2)
+    assert not any(r.ok for r in records)
+    assert 0.2 <= time.perf_counter() - start < 0.4  # no success ever: the cap ends it
+
+
 async def test_open_loop_follows_arrivals_and_caps_in_flight() -> None:
     fake = FakeSend(0.05)
     start = time.perf_counter()

@@ -61,9 +61,11 @@ def running(pid: int) -> bool:
 
 
 def test_started_targets_answer_and_are_stopped(tmp_path: Path) -> None:
-    with targets.started(["stand-in"], tmp_path) as urls:
+    pids: dict[str, int] = {}
+    with targets.started(["stand-in"], tmp_path, pids) as urls:
         assert list(urls) == ["stand-in"]
         assert httpx.get(f"{urls['stand-in']}/health").status_code == 200
+        assert os.getpgid(pids["stand-in"]) == pids["stand-in"]  # the group whose CPU the bench reads
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{urls['stand-in']}/health")
     assert (tmp_path / "stand-in.log").exists()
@@ -173,7 +175,8 @@ def test_graph_launcher_keeps_one_app_with_pinned_paths() -> None:
     from load.graph_launcher import one_app_config, route_prefix
 
     config = one_app_config("configs/cpu-tiny.yaml", "tts-app", 8123)
-    (app,) = config["applications"]
+    app, health = config["applications"]
+    assert health["name"] == "health-app" and health["args"]["applications"] == ["tts-app"]
     assert app["name"] == "tts-app" and route_prefix(config) == "/tts"
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
     assert Path(app["args"]["model"]["path"]).is_absolute()

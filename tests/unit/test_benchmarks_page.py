@@ -1,10 +1,19 @@
-"""The page's sections for the engine ceiling and tokenizer throughput, from hand-made results."""
+"""The page's sections from hand-made results, and the page from committed result files end to end."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 from load import benchmarks_page
+from load.bench import report
+from load.bench.client import RequestRecord
+from load.bench.health import HealthSample
+from load.bench.runner import Cell, CellResult, Workload
+from load.overhead import added_per_token_ms
 
 META = {"command": "python -m load.x --y", "date": "2026-01-01T00:00:00+00:00", "machine": "2 cores"}
 
@@ -59,3 +68,90 @@ def test_overload_and_soak_sections() -> None:
     assert "| 1x | 10.00 | 10 | 9 | 1 | 0 | yes | 9.00 | 8.00 | 50.0 | 90.0 | 2.0 | 3.0 | 4.0 | 1.0 |" in page
     assert "## Soak: mixed text, image and speech traffic for 10 min" in page
     assert "Errors: 0 of 1200 requests (none)" in page
+
+
+def test_overhead_section_adds_per_token_without_the_added_ttft() -> None:
+    def target(ttft: float, e2e: float) -> dict[str, Any]:
+        return {"ttft_ms": {"p50": ttft, "p99": ttft}, "e2e_ms": {"p50": e2e, "p99": e2e}}
+
+    graph = {**target(28.0, 169.5), "added_ttft_ms_p50": 19.4, "added_e2e_ms_p50": 37.0,
+             "added_per_token_ms_p50": 37.0 / 32}  # what older files hold: dE2E / n  # fmt: skip
+    result: dict[str, Any] = {
+        **META, "kind": "overhead", "rounds": 40, "prompt_tokens": 27, "max_tokens": 32,
+        "targets": {"graph": graph, "engine_direct": target(8.6, 132.5)},
+    }  # fmt: skip
+    page = benchmarks_page.render([result], notes=None)
+    assert "| graph | 28.0 | 28.0 | 169.5 | 169.5 | 19.4 | 0.57 |" in page  # (37.0 - 19.4) / 31
+    assert "| engine_direct | 8.6 | 8.6 | 132.5 | 132.5 | - | - |" in page
+    assert added_per_token_ms(37.0, 19.4, 32) == pytest.approx(17.6 / 31)
+    with pytest.raises(ValueError):
+        added_per_token_ms(37.0, 19.4, 1)
+
+
+def bench_result(command: str, date: str) -> dict[str, Any]:
+    """A load.bench results.json, graph against vllm at concurrency 1 and 8, as `load.bench` writes it."""
+    workload = Workload(mode="concurrency", levels=(1.0, 8.0), duration_s=1.0, endpoint="chat")
+    cells = []
+    for i, (level, name) in enumerate([(1.0, "graph"), (1.0, "vllm"), (8.0, "vllm"), (8.0, "graph")]):
+        ttft = 0.05 * level * (2 if name == "graph" else 1)
+        served = int(level) * (1 if name == "graph" else 2)
+        records = [RequestRecord(sent_at=0.0, input_len=8, status=200, latency=ttft + 0.1,
+                                 content_times=[ttft, ttft + 0.1], prompt_tokens=8, output_tokens=2)
+                   for _ in range(served)]  # fmt: skip
+        probes = [HealthSample(10.0 + i + k / 10, 0.002 * (k + 1), 200) for k in range(10)]
+        cells.append(CellResult(Cell(0, level, name), 10.0 + i, 1.0, records, probes, [0.001]))
+    targets = {name: {"url": f"http://{name}", "model": "tiny-chat"} for name in ("graph", "vllm")}
+    config = {"dataset": "random", "input_len": 8, "output_len": 2, "endpoint": "chat", "duration": 1.0, "rounds": 1}
+    result: dict[str, Any] = report.jsonable(report.build(cells, workload, targets, config, {}))
+    result.update(kind="bench", label="synthetic", command=command, date=date, machine="2 cores")
+    return result
+
+
+def test_the_page_from_committed_results_end_to_end(tmp_path: Path) -> None:
+    raw = tmp_path / "results.json"
+    # Before 2026-11-22 a --start target ran in a scheduling group of its own: its ratios must be flagged.
+    raw.write_text(json.dumps(bench_result("python -m load.bench --target graph=http://g --start vllm",
+                                           "2026-11-21T21:18:06+00:00")))  # fmt: skip
+    results_dir, page, notes = tmp_path / "docs" / "benchmarks", tmp_path / "docs" / "benchmarks.md", tmp_path / "n.md"
+    notes.write_text("Hand-written.\n")
+    results_dir.mkdir(parents=True)
+    (results_dir / "00-gone-load.png").write_bytes(b"a plot whose result file was removed")
+    benchmarks_page.main(["--add", str(raw), "10-text", "--dir", str(results_dir), "--page", str(page),
+                          "--notes", str(notes)])  # fmt: skip
+
+    committed = json.loads((results_dir / "10-text.json").read_text())
+    assert "health_timeline" not in committed  # every probe: too big to commit
+    assert committed["health_series"]["graph"][0] == [0, 10, 11.0, 20.0, 0]  # second, probes, p50, max, failures
+    assert sorted(p.name for p in results_dir.iterdir()) == ["10-text-health.png", "10-text-load.png", "10-text.json"]
+    for png in results_dir.glob("*.png"):
+        assert png.read_bytes().startswith(b"\x89PNG")
+
+    text = page.read_text()
+    assert "## chat (random 8 in / 2 out), concurrency 1, 8, 1 s x 1 rounds per target and level" in text
+    assert "![req/s and latency against the load level](benchmarks/10-text-load.png)" in text
+    assert "![/health latency over the run](benchmarks/10-text-health.png)" in text
+    assert "| graph | 1 | 1 | 0 | 1.00 |" in text and "| vllm | 8 | 16 | 0 | 16.00 |" in text
+    assert "| vllm | 8 | ⚠ 0.50x (handicapped) | ⚠ 2.00x (handicapped) |" in text
+    assert "`vllm`: started by --start in a session of its own" in text
+    assert "- command: `python -m load.bench --target graph=http://g --start vllm`" in text
+    assert text.rstrip().endswith("Hand-written.")
+
+    # The same run after the fix: plain ratios. An empty directory: a page that says so.
+    (results_dir / "10-text.json").write_text(json.dumps(compact_bench("2026-11-23T00:00:00+00:00")))
+    benchmarks_page.main(["--dir", str(results_dir), "--page", str(page), "--notes", str(notes)])
+    assert "| vllm | 8 | 0.50x | 2.00x |" in page.read_text() and "(handicapped)" not in page.read_text()
+    (results_dir / "10-text.json").unlink()
+    benchmarks_page.main(["--dir", str(results_dir), "--page", str(page), "--notes", str(tmp_path / "none.md")])
+    assert "No result file in" in page.read_text() and not list(results_dir.glob("*.png"))
+
+
+def compact_bench(date: str) -> dict[str, Any]:
+    return benchmarks_page.compact(bench_result("python -m load.bench --target graph=http://g --start vllm", date))
+
+
+def test_a_result_too_big_to_commit_is_refused(tmp_path: Path) -> None:
+    raw = tmp_path / "results.json"
+    raw.write_text(json.dumps({**META, "kind": "soak", "windows": ["x" * 1000] * 300}))
+    with pytest.raises(SystemExit, match="more than"):
+        benchmarks_page.add(raw, "big", tmp_path / "out")
+    assert not (tmp_path / "out").exists()

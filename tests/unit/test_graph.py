@@ -10,7 +10,9 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.graph import build_app, check_transport_fits
-from serve_app.config import ConfigError, parse_app_args
+from deployments.health import build_health_app
+from load.serve_config import GRAPH_IMPORT_PATH, HEALTH_IMPORT_PATH, graph_apps
+from serve_app.config import ConfigError, GraphHealthArgs, parse_app_args, parse_args
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -32,7 +34,9 @@ def test_there_are_cpu_defaults_and_gpu_examples() -> None:
 def test_config_is_a_valid_serve_config_with_valid_args(path: Path) -> None:
     schema = ServeDeploySchema.model_validate(load(path))
     for app, raw in zip(schema.applications, load(path)["applications"], strict=True):
-        assert app.import_path == "deployments.graph:build_app"
+        if app.import_path == HEALTH_IMPORT_PATH:
+            continue  # test_the_health_app_watches_every_graph_app
+        assert app.import_path == GRAPH_IMPORT_PATH
         args = parse_app_args(app.args)
         names = {d["name"] for d in raw["deployments"]}
         expected = {"ingress", "tokenizer", "llm"} | ({"multimodal"} if args.multimodal else set())
@@ -45,9 +49,26 @@ def test_config_is_a_valid_serve_config_with_valid_args(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_the_health_app_watches_every_graph_app(path: Path) -> None:
+    config = load(path)
+    (health,) = [a for a in config["applications"] if a["import_path"] == HEALTH_IMPORT_PATH]
+    assert health["route_prefix"] == "/health"
+    args = parse_args(GraphHealthArgs, health["args"])
+    assert sorted(args.applications) == sorted(a["name"] for a in graph_apps(config))
+    (deployment,) = health["deployments"]
+    assert deployment["name"] == "health"
+    assert {"num_replicas", "max_ongoing_requests", "max_queued_requests"} <= deployment.keys()
+
+
+def test_the_health_app_names_a_bad_field() -> None:
+    with pytest.raises(ConfigError, match="applications"):
+        build_health_app({"applications": []})
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_stage_holding_a_stream_waits_as_long_for_it_to_end(path: Path) -> None:
     """Ingress, llm and vocoder hold the same open stream: a shorter grace on any cuts it at shutdown."""
-    for raw in load(path)["applications"]:
+    for raw in graph_apps(load(path)):
         streaming = [d for d in raw["deployments"] if d["name"] in {"ingress", "llm", "vocoder"}]
         graces = {d["name"]: d.get("graceful_shutdown_timeout_s") for d in streaming}
         assert len(set(graces.values())) == 1, f"{raw['name']}: {graces}"

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve_app.ingress.app import create_app
-from serve_app.ingress.paths import route_path
+from serve_app.ingress.paths import GENERATION_PATHS, route_path
 from serve_app.ingress.pipeline import Services
 
 
@@ -31,3 +31,10 @@ def test_metrics_and_auth_see_the_route_under_a_prefix(raw_args: dict[str, Any],
     assert client.get("/vision/v1/models").status_code == 401
     metrics = client.get("/vision/metrics", headers={"Authorization": "Bearer k"}).text
     assert 'serve_graph_requests_total{endpoint="/v1/models",status="401"} 1.0' in metrics
+
+
+def test_listing_voices_has_its_own_metrics_label_and_is_not_a_generation(client: TestClient) -> None:
+    assert "/v1/audio/voices" not in GENERATION_PATHS  # admission does not count it
+    assert client.get("/v1/audio/voices").status_code == 400  # a text model has no voices
+    metrics = client.get("/metrics").text
+    assert 'serve_graph_requests_total{endpoint="/v1/audio/voices",status="400"} 1.0' in metrics

@@ -1,4 +1,6 @@
-"""`/v1/audio/speech` through the ingress app: prompt building, credits per stream, formats, admission.
+"""`/v1/audio/speech` and `/v1/audio/voices` through the ingress app: prompt building, the default voice,
+credits per stream, bad requests, admission, cancellation and deadlines (the response formats are in
+test_speech_formats.py).
 
 In-process: the tiny Orpheus's real tokenizer stage, a fake talker that emits audio-code tokens, and
 a fake vocoder whose audio encodes which frames it was given (so order and context can be checked).
@@ -7,81 +9,36 @@ a fake vocoder whose audio encodes which frames it was given (so order and conte
 from __future__ import annotations
 
 import asyncio
-import io
 import math
 import time
-import wave
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from starlette.requests import ClientDisconnect
 
-from serve_app.config import parse_app_args
 from serve_app.errors import DeadlineExceededError, ServiceUnavailableError
-from serve_app.ingress.app import create_app
 from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.pipeline import Services
 from serve_app.messages import AudioChunk, VocodeRequest
-from serve_app.models.tiny_orpheus import ensure_tiny_orpheus_model
 from serve_app.stages.tokenizer import TokenizerStage
-from tests.unit.conftest import REPO
-from tests.unit.tts_support import RATE, SAMPLES, TTS, FakeTalker, FakeVocoder
-
-SPEECH = "/v1/audio/speech"
-
-
-@pytest.fixture(scope="module")
-def orpheus_path() -> Path:
-    return ensure_tiny_orpheus_model(REPO / "models" / "tiny-orpheus")
-
-
-@pytest.fixture(scope="module")
-def speech_args(orpheus_path: Path) -> Any:
-    model = {"path": str(orpheus_path), "served_model_name": "tiny-orpheus", "max_model_len": 2048}
-    return parse_app_args({"model": model, "tts": TTS})
-
-
-@pytest.fixture(scope="module")
-def speech_tokenizer(speech_args: Any) -> Iterator[TokenizerStage]:
-    stage = TokenizerStage.from_args(speech_args)
-    yield stage
-    stage.close()
-
-
-@pytest.fixture
-def talker(speech_tokenizer: TokenizerStage) -> FakeTalker:
-    assert speech_tokenizer.speech_layout is not None
-    return FakeTalker(speech_tokenizer.speech_layout)
-
-
-@pytest.fixture
-def vocoder() -> FakeVocoder:
-    return FakeVocoder()
-
-
-@pytest.fixture
-def speech_services(
-    speech_args: Any, speech_tokenizer: TokenizerStage, talker: FakeTalker, vocoder: FakeVocoder
-) -> Any:
-    return Services.create(speech_args, LocalTokenizer(speech_tokenizer), talker, vocoder=vocoder)
-
-
-@pytest.fixture
-def speech_client(speech_services: Services) -> TestClient:
-    return TestClient(create_app(speech_services))
-
-
-def expected_codes(frames: int) -> list[int]:
-    """The first code of each frame the fake talker emits: token k carries code k."""
-    return [7 * f for f in range(frames)]
-
-
-def body(**fields: Any) -> dict[str, Any]:
-    return {"model": "tiny-orpheus", "input": "Hello there.", "voice": "tara"} | fields
+from tests.unit.tts_support import (  # noqa: F401  (the fixtures, registered by their names)
+    FRAMES,
+    SAMPLES,
+    SPEECH,
+    TOKENS,
+    TTS,
+    FakeTalker,
+    FakeVocoder,
+    body,
+    speech_app_client,
+    speech_args_fixture,
+    speech_client_fixture,
+    speech_services_fixture,
+    speech_tokenizer_fixture,
+    talker_fixture,
+    vocoder_fixture,
+)
 
 
 def test_prompt_follows_the_orpheus_layout(
@@ -95,19 +52,7 @@ def test_prompt_follows_the_orpheus_layout(
     assert ids[-len(layout.end_ids) :] == layout.end_ids
     assert request.sampling.audio_codes
     # 1 s + 12 chars x 0.05 s = 1.6 s of audio at most: 19 frames of 2048 samples at 24 kHz, 7 tokens each.
-    assert request.sampling.max_tokens == 19 * 7 + 16
-
-
-def test_wav_is_a_whole_file_with_every_frame_in_order(speech_client: TestClient) -> None:
-    response = speech_client.post(SPEECH, json=body())
-    assert response.status_code == 200
-    assert response.headers["content-type"] == "audio/wav"
-    assert response.headers["x-audio-sample-rate"] == "24000"
-    with wave.open(io.BytesIO(response.content)) as wav:
-        assert (wav.getframerate(), wav.getnchannels(), wav.getsampwidth()) == (RATE, 1, 2)
-        samples = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
-    frames = (19 * 7 + 16) // 7
-    assert list(samples[::SAMPLES]) == expected_codes(frames)
+    assert request.sampling.max_tokens == TOKENS
 
 
 def test_chunks_carry_context_and_respect_the_credits(speech_client: TestClient, vocoder: FakeVocoder) -> None:
@@ -120,35 +65,39 @@ def test_chunks_carry_context_and_respect_the_credits(speech_client: TestClient,
     assert vocoder.most_in_flight <= TTS["max_chunks_in_flight"]
 
 
-def test_streaming_pcm_equals_the_whole_file(speech_client: TestClient) -> None:
-    whole = speech_client.post(SPEECH, json=body(response_format="pcm")).content
-    with speech_client.stream("POST", SPEECH, json=body(response_format="pcm", stream=True)) as response:
-        assert response.status_code == 200
-        streamed = b"".join(response.iter_bytes())
-    assert streamed == whole
+def test_a_request_without_voice_speaks_in_the_first_voice(speech_client: TestClient, talker: FakeTalker) -> None:
+    fields = {"model": "tiny-orpheus", "input": "Hello there.", "response_format": "pcm"}
+    for voice in (None, "tara", "leo"):
+        extra = {} if voice is None else {"voice": voice}
+        assert speech_client.post(SPEECH, json=fields | extra).status_code == 200
+    no_voice, tara, leo = (r.prompt_token_ids for r in talker.requests)
+    assert no_voice == tara != leo
 
 
-def test_streaming_wav_has_the_open_ended_header(speech_client: TestClient) -> None:
-    content = speech_client.post(SPEECH, json=body(stream=True)).content
-    assert content[:4] == b"RIFF" and content[4:8] == b"\xff\xff\xff\xff"
+def test_the_voices_route_lists_the_models_voices(speech_client: TestClient) -> None:
+    response = speech_client.get("/v1/audio/voices")
+    assert response.status_code == 200
+    assert response.json() == {"voices": ["tara", "leo"], "uploaded_voices": []}
 
 
-def test_sse_events(speech_client: TestClient, sse_events: Any) -> None:
-    response = speech_client.post(SPEECH, json=body(stream=True, stream_format="sse"))
-    events = [e for e in sse_events(response.text) if e != "[DONE]"]
-    assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
-    assert events[-1]["type"] == "speech.audio.done"
-    assert events[-1]["usage"]["output_tokens"] == 19 * 7 + 16
+def test_a_text_model_has_no_voices(client: TestClient) -> None:
+    response = client.get("/v1/audio/voices")
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["type"], error["code"]) == ("BadRequestError", "model_not_tts")
+    assert "does not generate speech" in error["message"]
 
 
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
         ({"voice": "nobody"}, "voice"),
+        ({"voice": ""}, "voice"),
         ({"input": ""}, "input"),
         ({"input": "   "}, "input"),
         ({"input": "x" * 201}, "input"),
-        ({"response_format": "mp3"}, "response_format"),
+        ({"response_format": "ogg"}, "response_format"),
+        ({"response_format": "MP3"}, "response_format"),
         ({"speed": 2.0}, "speed"),
         ({"instructions": "whisper"}, "instructions"),
         ({"model": "other"}, "model"),
@@ -306,18 +255,16 @@ async def test_a_slow_client_holds_back_only_its_own_stream(
     assert calls_while_stalled <= 1 + TTS["max_chunks_in_flight"]
     fast = (await create_speech(speech_services, request)).body_iterator
     chunks = [chunk async for chunk in fast]  # type: ignore[attr-defined]
-    frames = (19 * 7 + 16) // 7
-    assert len(b"".join(chunks)) == frames * SAMPLES * 2  # the other stream got all its audio
+    assert len(b"".join(chunks)) == FRAMES * SAMPLES * 2  # the other stream got all its audio
     # ... in 1 + ceil((21 - 2) / 3) calls, while the stalled stream made none.
-    assert len(vocoder.requests) == calls_while_stalled + 1 + math.ceil((frames - 2) / 3)
+    assert len(vocoder.requests) == calls_while_stalled + 1 + math.ceil((FRAMES - 2) / 3)
     await slow.aclose()  # type: ignore[attr-defined]
 
 
 def test_without_context_later_chunks_still_have_chunk_frames(
     speech_args: Any, speech_tokenizer: TokenizerStage, talker: FakeTalker, vocoder: FakeVocoder
 ) -> None:
-    args = speech_args.model_copy(update={"tts": speech_args.tts.model_copy(update={"context_frames": 0})})
-    client = TestClient(create_app(Services.create(args, LocalTokenizer(speech_tokenizer), talker, vocoder=vocoder)))
+    client = speech_app_client(speech_args, speech_tokenizer, talker, vocoder, context_frames=0)
     assert client.post(SPEECH, json=body(response_format="pcm")).status_code == 200
     sizes = [len(r.frames) for r in vocoder.requests]
     assert sizes[:3] == [2, 3, 3] and all(r.context == 0 for r in vocoder.requests)
@@ -351,11 +298,11 @@ def test_the_deadline_reaches_the_vocoder_and_ends_an_sse_stream(
     speech_args: Any, speech_tokenizer: TokenizerStage, talker: FakeTalker, sse_events: Any
 ) -> None:
     vocoder = StallingVocoder()
-    client = TestClient(
-        create_app(Services.create(speech_args, LocalTokenizer(speech_tokenizer), talker, vocoder=vocoder))
-    )
+    client = speech_app_client(speech_args, speech_tokenizer, talker, vocoder)
     sent = time.time()
-    response = client.post(SPEECH, json=body(stream=True, stream_format="sse"), headers={"X-Request-Timeout": "1"})
+    # PCM: a lossy encoder would hold back the fake vocoder's few samples, and the first delta with them.
+    fields = body(stream=True, stream_format="sse", response_format="pcm")
+    response = client.post(SPEECH, json=fields, headers={"X-Request-Timeout": "1"})
     elapsed = time.time() - sent
     assert response.status_code == 200
     events = sse_events(response.text)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -9,7 +12,8 @@ import pytest
 from ray import serve
 from ray.serve import context
 
-from deployments.stop import stop_serve
+from deployments import stop
+from deployments.stop import end_drivers, serve_run_drivers, stop_serve
 
 
 class FakeServe:
@@ -54,3 +58,33 @@ def test_shuts_down_at_the_deadline_if_a_drain_never_ends(fake: FakeServe, caplo
     stop_serve(timeout_s=0.0)
     assert fake.calls[-1] == "shutdown with ['llm-app', 'tts-app'] left"
     assert "still draining after 0 s, shutting Serve down anyway: ['llm-app', 'tts-app']" in caplog.text
+
+
+def test_finds_and_ends_the_serve_run_of_this_checkout_only(tmp_path: Path) -> None:
+    script = tmp_path / "serve"
+    script.write_text("import time\ntime.sleep(60)\n")
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    ours = subprocess.Popen([sys.executable, str(script), "run", "configs/cpu-tiny.yaml"], cwd=tmp_path)
+    theirs = subprocess.Popen([sys.executable, str(script), "run", "x.yaml"], cwd=elsewhere)
+    try:
+        drivers = serve_run_drivers(tmp_path)
+        assert [p.pid for p in drivers] == [ours.pid]
+        end_drivers(drivers, timeout_s=10)
+        # psutil has reaped it, so Popen cannot tell its status: only that it is gone.
+        assert not drivers[0].is_running()
+        assert theirs.poll() is None
+    finally:
+        for proc in (ours, theirs):
+            proc.kill()
+            proc.wait()
+
+
+def test_removes_only_new_unheld_engine_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stop, "SHM", tmp_path)
+    names = ["psm_old", "psm_new", "sem.mp-new", "psm_held", "other_new"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    monkeypatch.setattr(stop, "held_shm_files", lambda: {"psm_held"})
+    assert stop.remove_orphaned_engine_files(before={"psm_old"}) == ["psm_new", "sem.mp-new"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other_new", "psm_held", "psm_old"]

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
+from serve_app.audio_formats import ResponseFormat
 from serve_app.ingress.protocol import OpenAIRequest
 
 
 class SpeechRequest(OpenAIRequest):
     model: str | None = Field(default=None, description="Served model name; the only one when omitted.")
     input: str = Field(min_length=1, description="The text to speak.")
-    voice: str = Field(min_length=1, description="One of the voices in the config's `tts.voices`.")
-    # OpenAI's mp3/opus/aac/flac need an encoder this server does not ship; asking for them is a 400.
-    response_format: Literal["wav", "pcm"] = Field(
-        default="wav", description="`wav` (16-bit mono), or `pcm` (raw 16-bit little-endian mono samples)."
+    voice: str | None = Field(
+        default=None, min_length=1, description="One of `GET /v1/audio/voices`; the first of them when omitted."
+    )
+    response_format: ResponseFormat = Field(
+        default="mp3",
+        description="`mp3` (OpenAI's default), `opus` (in Ogg), `aac` (ADTS), `flac`, `wav` (16-bit mono), or "
+        "`pcm` (raw 16-bit little-endian mono samples); all at the model's sample rate.",
     )
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     stream: bool = Field(default=False, description="Send audio as it is produced (chunked transfer).")
@@ -45,3 +49,14 @@ class SpeechRequest(OpenAIRequest):
         if value is not None:
             raise ValueError("instructions are not supported by this model")
         return value
+
+
+class VoiceList(BaseModel):
+    """`GET /v1/audio/voices`, in vLLM-Omni's shape."""
+
+    voices: list[str] = Field(
+        description="The voices `voice` may name, in the config's order; the first is the default."
+    )
+    uploaded_voices: list[dict[str, Any]] = Field(
+        default_factory=list, description="Always empty: this server takes no voice uploads. vLLM-Omni clients read it."
+    )

@@ -1,9 +1,9 @@
 """`/v1/audio/speech`: the speech request path.
 
-1. Check the model, voice and input length; admit the stream. While `tts.max_streams` are already
-   speaking, up to `tts.max_waiting_streams` more wait for one to end (within their deadline); beyond
-   that the answer is 503 with Retry-After (refused rather than every admitted stream falling
-   behind real time).
+1. Check the model, voice (the first of `tts.voices` when none is asked for), format and input length;
+   admit the stream. While `tts.max_streams` are already speaking, up to `tts.max_waiting_streams`
+   more wait for one to end (within their deadline); beyond that the answer is 503 with Retry-After
+   (refused rather than every admitted stream falling behind real time).
 2. Tokenizer stage: the talker's prompt (Orpheus layout: start marker, `voice: text`, end markers).
 3. LLM stage: audio-code tokens stream back, exactly as text tokens do.
 4. Codes become frames; frames go to the vocoder in chunks: the first small (time to first audio),
@@ -13,7 +13,10 @@
    sent. A slow vocoder or a slow client slows its own stream only, and what one stream buffers is
    bounded. A client that goes away closes the generator: pending calls are cancelled and the
    talker's request is aborted.
-5. The first audio chunk is awaited before the response starts, so failures are still statuses.
+5. Each chunk is encoded as it arrives (`serve_app/audio_formats.py`): streamed, the encoder's output
+   is sent at once; otherwise the file is complete after the last chunk. SSE deltas carry the same
+   bytes as the raw stream, base64. The first audio chunk is awaited before the response starts, so
+   failures are still statuses.
    Past the request's deadline, an SSE stream ends with an error event; a raw audio stream (no way
    to say it in band) is cut without its final chunk, which HTTP clients report as incomplete.
 """
@@ -25,13 +28,14 @@ import base64
 import math
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from serve_app.audio_formats import RESPONSE_FORMATS, wav_header
+from serve_app.audio_formats import RESPONSE_FORMATS, ResponseFormat, open_encoder, supports_rate
 from serve_app.codecs.orpheus import FRAME_SIZE, FrameAssembler, OrpheusLayout
 from serve_app.config import TtsConfig
 from serve_app.errors import BadRequestError, OverloadedError
@@ -40,7 +44,7 @@ from serve_app.ingress.clients import VocoderClient
 from serve_app.ingress.deadline import Deadline, deadline_at, within
 from serve_app.ingress.pipeline import Services, Stream, check_model, new_request_id, start_generation, timing_headers
 from serve_app.ingress.slots import Slots
-from serve_app.ingress.speech.protocol import SpeechRequest
+from serve_app.ingress.speech.protocol import SpeechRequest, VoiceList
 from serve_app.messages import AudioChunk, SamplingSpec, SpeechPrompt, TokenizeRequest, VocodeRequest
 
 # Frames of a token chunk that has not completed a frame are kept by FrameAssembler; a talker may
@@ -48,22 +52,40 @@ from serve_app.messages import AudioChunk, SamplingSpec, SpeechPrompt, TokenizeR
 _TOKEN_MARGIN = 16
 
 
-def _speech_config(services: Services, request: SpeechRequest) -> tuple[TtsConfig, VocoderClient]:
-    check_model(services, request.model)
+def _speech_model(services: Services, param: str | None) -> tuple[TtsConfig, VocoderClient]:
     tts, vocoder = services.args.tts, services.vocoder
     if tts is None or vocoder is None:
         raise BadRequestError(
-            f"The model `{services.args.model.name}` does not generate speech.", param="model", code="model_not_tts"
+            f"The model `{services.args.model.name}` does not generate speech.", param=param, code="model_not_tts"
         )
-    if request.voice not in tts.voices:
+    return tts, vocoder
+
+
+def _speech_config(services: Services, request: SpeechRequest) -> tuple[TtsConfig, VocoderClient, str]:
+    """The speech settings, the vocoder and the voice of a valid request."""
+    check_model(services, request.model)
+    tts, vocoder = _speech_model(services, "model")
+    # OpenAI clients always send a voice; one that leaves it out gets the model's first.
+    voice = tts.voices[0] if request.voice is None else request.voice
+    if voice not in tts.voices:
+        raise BadRequestError(f"Unknown voice '{voice}'; this model has {', '.join(tts.voices)}.", param="voice")
+    if not supports_rate(request.response_format, tts.sample_rate):
         raise BadRequestError(
-            f"Unknown voice '{request.voice}'; this model has {', '.join(tts.voices)}.", param="voice"
+            f"response_format {request.response_format} cannot carry this model's {tts.sample_rate} Hz audio; "
+            "ask for wav, pcm or flac.",
+            param="response_format",
         )
     if len(request.input) > tts.max_input_chars:
         raise BadRequestError(
             f"input is {len(request.input)} characters; the limit is {tts.max_input_chars}.", param="input"
         )
-    return tts, vocoder
+    return tts, vocoder, voice
+
+
+def list_voices(services: Services) -> VoiceList:
+    """`GET /v1/audio/voices`: the voices `/v1/audio/speech` takes; a model without `tts:` has none (400)."""
+    tts, _ = _speech_model(services, None)
+    return VoiceList(voices=list(tts.voices))
 
 
 def max_audio_tokens(tts: TtsConfig, text: str, frame_size: int = FRAME_SIZE) -> int:
@@ -72,7 +94,7 @@ def max_audio_tokens(tts: TtsConfig, text: str, frame_size: int = FRAME_SIZE) ->
 
 
 async def create_speech(services: Services, request: SpeechRequest, deadline: Deadline | None = None) -> Response:
-    tts, vocoder = _speech_config(services, request)
+    tts, vocoder, voice = _speech_config(services, request)
     layout = await speech_layout(services)
     slots = services.speech_slots
     async with within(deadline, "ingress", services.metrics.rejections):
@@ -88,7 +110,7 @@ async def create_speech(services: Services, request: SpeechRequest, deadline: De
         cap = max_audio_tokens(tts, request.input)
         spec = SamplingSpec(max_tokens=cap, temperature=tts.temperature, top_p=tts.top_p,
                             repetition_penalty=tts.repetition_penalty, audio_codes=True)  # fmt: skip
-        tokenize = TokenizeRequest(SpeechPrompt(request.input, request.voice), add_special_tokens=True)
+        tokenize = TokenizeRequest(SpeechPrompt(request.input, voice), add_special_tokens=True)
         stream = await start_generation(
             services, tokenize, lambda room: _capped(spec, room), new_request_id("speech"), deadline=deadline
         )
@@ -103,18 +125,18 @@ async def create_speech(services: Services, request: SpeechRequest, deadline: De
         await finish()
         raise
     headers = timing_headers(stream.timings) | {"X-Audio-Sample-Rate": str(tts.sample_rate)}
+    media_type = RESPONSE_FORMATS[request.response_format]
     if not request.stream:
         try:
-            pcm = b"".join([first.pcm if first else b"", *[chunk.pcm async for chunk in audio]])
+            async with aclosing(_encoded(first, audio, request.response_format, tts.sample_rate, whole=True)) as file:
+                body = b"".join([piece async for piece in file])
         finally:
             await finish()
-        body = wav_header(tts.sample_rate, len(pcm) // 2) + pcm if request.response_format == "wav" else pcm
-        return Response(body, media_type=RESPONSE_FORMATS[request.response_format], headers=headers)
+        return Response(body, media_type=media_type, headers=headers)
     if request.stream_format == "sse":
-        events = sse.encode(_sse_events(first, audio, stream, finish))
+        events = sse.encode(_sse_events(first, audio, stream, finish, request.response_format, tts.sample_rate))
         return _SpeechStreamResponse(events, finish, media_type="text/event-stream", headers=headers)
-    body_stream = _bytes(first, audio, finish, request.response_format == "wav", tts.sample_rate)
-    media_type = RESPONSE_FORMATS[request.response_format]
+    body_stream = _bytes(first, audio, finish, request.response_format, tts.sample_rate)
     return _SpeechStreamResponse(body_stream, finish, media_type=media_type, headers=headers)
 
 
@@ -214,28 +236,53 @@ async def audio_chunks(
         await stream.close()
 
 
+async def _encoded(
+    first: AudioChunk | None,
+    rest: AsyncGenerator[AudioChunk, None],
+    response_format: ResponseFormat,
+    sample_rate: int,
+    *,
+    whole: bool,
+) -> AsyncGenerator[bytes, None]:
+    """The response's bytes as the encoder gives them, each chunk's as it arrives; some may be empty.
+    The encoder is opened on the first read (a streamed body may never be read) and freed on close."""
+    with open_encoder(response_format, sample_rate, whole=whole) as encoder:
+        if first is not None:
+            yield encoder.encode(first.pcm)
+        async for chunk in rest:
+            yield encoder.encode(chunk.pcm)
+        yield encoder.finish()
+
+
 async def _bytes(
-    first: AudioChunk | None, rest: AsyncGenerator[AudioChunk, None], finish: _Finish, wav: bool, sample_rate: int
+    first: AudioChunk | None,
+    rest: AsyncGenerator[AudioChunk, None],
+    finish: _Finish,
+    response_format: ResponseFormat,
+    sample_rate: int,
 ) -> AsyncIterator[bytes]:
     try:
-        if wav:
-            yield wav_header(sample_rate, None)
-        if first is not None:
-            yield first.pcm
-        async for chunk in rest:
-            yield chunk.pcm
+        async with aclosing(_encoded(first, rest, response_format, sample_rate, whole=False)) as pieces:
+            async for piece in pieces:
+                if piece:
+                    yield piece
     finally:
         await finish()
 
 
 async def _sse_events(
-    first: AudioChunk | None, rest: AsyncGenerator[AudioChunk, None], stream: Stream, finish: _Finish
+    first: AudioChunk | None,
+    rest: AsyncGenerator[AudioChunk, None],
+    stream: Stream,
+    finish: _Finish,
+    response_format: ResponseFormat,
+    sample_rate: int,
 ) -> AsyncIterator[dict[str, Any]]:
     try:
-        if first is not None:
-            yield {"type": "speech.audio.delta", "audio": base64.b64encode(first.pcm).decode()}
-        async for chunk in rest:
-            yield {"type": "speech.audio.delta", "audio": base64.b64encode(chunk.pcm).decode()}
+        async with aclosing(_encoded(first, rest, response_format, sample_rate, whole=False)) as pieces:
+            async for piece in pieces:
+                if piece:
+                    yield {"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()}
     finally:
         await finish()
     tokens = {"input_tokens": stream.num_prompt_tokens, "output_tokens": stream.generated_tokens}

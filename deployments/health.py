@@ -1,0 +1,39 @@
+"""The graph's `/health` application: `serve_app.graph_health` in a replica of its own.
+
+`import_path: deployments.health:build_health_app`, `route_prefix: /health`, with `args.applications`
+naming the applications whose ingress it polls (their `health_report` method).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from ray import serve
+from ray.serve import Application, Deployment
+
+from serve_app.config import GraphHealthArgs, parse_args
+from serve_app.graph_health import GraphHealthApp, Report
+
+
+@serve.deployment(name="health", num_replicas=1, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+@serve.ingress()
+class Health:
+    def __init__(self, args: GraphHealthArgs) -> None:
+        def report_of(app: str) -> Any:
+            async def report() -> Report:
+                # Looked up at each poll: the application may be deployed after this one, or redeployed.
+                handle = serve.get_deployment_handle("ingress", app_name=app)
+                ok, stages = await handle.health_report.remote()
+                return bool(ok), dict(stages)
+
+            return report
+
+        self._app = GraphHealthApp(args, {app: report_of(app) for app in args.applications})
+
+    def __serve_build_asgi_app__(self) -> GraphHealthApp:
+        return self._app
+
+
+def build_health_app(args: dict[str, Any]) -> Application:
+    health_args = parse_args(GraphHealthArgs, args)
+    return cast(Deployment, Health).bind(health_args)

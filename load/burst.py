@@ -1,0 +1,161 @@
+"""Simultaneous bursts: N requests that reach the server in the same few milliseconds, per target.
+
+A ramp lets admission see the load coming; a burst is what a retry storm or a batch job sends. All N
+connections are opened first, then every request is written in one pass (a few ms for hundreds), so
+the time from a request's last byte to the answer's first byte is the server's own: queueing in its
+proxy, parsing, admission. Per request: status, whether a refusal is OpenAI JSON with Retry-After,
+time to the answer's first byte, and for a 200 stream whether it ended with `[DONE]`. `/health` is
+probed through the burst. Targets take turns, for --rounds rounds.
+
+  python -m load.burst --start graph:configs/cpu-tiny.yaml@llm-app --start vllm:configs/cpu-tiny.yaml@llm-app \\
+      --requests 400 --max-tokens 256 --requests 200 --max-tokens 1 --out results/burst.json
+
+Each `--requests` pairs with the `--max-tokens` at the same position (one scenario each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from load.bench import targets
+from load.bench.datasets import WORDS
+from load.bench.health import probe, summarize
+from load.meta import run_meta
+from load.stats import summary_ms
+
+
+@dataclass
+class Answer:
+    status: int
+    kind: str  # "served", "refused" (503/429 OpenAI JSON + Retry-After) or what else it was
+    first_byte_s: float
+    done_s: float
+
+
+def request_bytes(host: str, path: str, body: dict[str, Any]) -> bytes:
+    payload = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n")  # fmt: skip
+    return head.encode() + payload
+
+
+def classify(status: int, headers: bytes, body: bytes) -> str:
+    if status == 200:
+        return "served" if b"data: [DONE]" in body else "broken stream"
+    if status in (503, 429):
+        openai = body.lstrip().startswith(b'{"error"') or b'\r\n{"error"' in body
+        retry_after = b"\r\nretry-after:" in headers.lower()
+        if openai and retry_after:
+            return "refused"
+        return f"HTTP {status} (not OpenAI JSON + Retry-After)"
+    return f"HTTP {status}"
+
+
+async def one(reader: asyncio.StreamReader, sent: float) -> Answer:
+    first = await reader.read(1)
+    first_byte = time.perf_counter() - sent
+    head = first + await reader.readuntil(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    body = await reader.read()  # `Connection: close`: the server ends the response by closing
+    return Answer(status, classify(status, head, body), first_byte, time.perf_counter() - sent)
+
+
+async def burst(url: str, model: str, n: int, max_tokens: int, input_words: int, seed: int) -> list[Answer | str]:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    rng = random.Random(seed)
+    bodies = [request_bytes(f"{host}:{port}", parts.path + "/v1/completions", {
+        "model": model, "prompt": " ".join(rng.choice(WORDS) for _ in range(input_words)),
+        "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+    }) for _ in range(n)]  # fmt: skip
+    connections = await asyncio.gather(*(asyncio.open_connection(host, port) for _ in range(n)))
+    sent = time.perf_counter()
+    for (_, writer), payload in zip(connections, bodies, strict=True):
+        writer.write(payload)
+    results = await asyncio.gather(*(one(r, sent) for r, _ in connections), return_exceptions=True)
+    for _, writer in connections:
+        writer.close()
+    return [r if isinstance(r, Answer) else f"connection ({type(r).__name__})" for r in results]
+
+
+async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, seed: int) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+        stop = asyncio.Event()
+        health = asyncio.create_task(probe(client, url, stop, 0.05))
+        started = time.perf_counter()
+        answers = await burst(url, model, n, max_tokens, opts.input_words, seed)
+        wall = time.perf_counter() - started
+        stop.set()
+        samples = await health
+    kinds = Counter(a.kind if isinstance(a, Answer) else a for a in answers)
+    ok = [a for a in answers if isinstance(a, Answer)]
+    return {
+        "requests": n,
+        "max_tokens": max_tokens,
+        "outcomes": dict(kinds),
+        "refusal_ms": summary_ms([a.first_byte_s for a in ok if a.kind == "refused"]),
+        "served_first_byte_ms": summary_ms([a.first_byte_s for a in ok if a.kind == "served"]),
+        "served_done_ms": summary_ms([a.done_s for a in ok if a.kind == "served"]),
+        "wall_s": wall,
+        "health": summarize(samples),
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m load.burst", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("--target", action="append", default=[], metavar="NAME=URL")
+    p.add_argument("--start", action="append", default=[], metavar="KIND[:CONFIG@APP]")
+    p.add_argument("--requests", type=int, action="append", required=True, help="burst size; repeatable")
+    p.add_argument("--max-tokens", type=int, action="append", required=True, help="per --requests")
+    p.add_argument("--input-words", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--pause", type=float, default=10.0, help="seconds between bursts, for the server to drain")
+    p.add_argument("--label", default="")
+    p.add_argument("--out", type=Path)
+    opts = p.parse_args(argv)
+    if len(opts.requests) != len(opts.max_tokens):
+        p.error("give one --max-tokens per --requests")
+    return opts
+
+
+async def run(urls: dict[str, str], opts: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for round_ in range(opts.rounds):
+        for n, max_tokens in zip(opts.requests, opts.max_tokens, strict=True):
+            for name, url in urls.items():
+                row = {"target": name, "round": round_, **await measure(url, n, max_tokens, opts, round_)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+                await asyncio.sleep(opts.pause)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    opts = parse_args(argv)
+    urls = dict(t.split("=", 1) for t in opts.target)
+    out_dir = (opts.out or Path("results/burst.json")).parent
+    with targets.started(opts.start, out_dir / "burst-logs") as launched:
+        rows = asyncio.run(run(urls | launched, opts))
+    meta = run_meta("load.burst", None if argv is None else list(argv))
+    result = {**meta, "kind": "burst", "label": opts.label, "rows": rows}
+    if opts.out:
+        opts.out.parent.mkdir(parents=True, exist_ok=True)
+        opts.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""load/burst.py: simultaneous bursts, each answer classified."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from load.burst import Answer, burst, classify, request_bytes
+
+SSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {}\n\ndata: [DONE]\n\n"
+REFUSAL = b'HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\r\n{"error": {"message": "busy"}}'
+PLAIN = b"HTTP/1.1 503 Service Unavailable\r\n\r\nRequest dropped due to backpressure"
+
+
+def test_classify() -> None:
+    assert classify(200, b"", b"data: {}\n\ndata: [DONE]\n\n") == "served"
+    assert classify(200, b"", b"data: {}\n\n") == "broken stream"
+    assert classify(503, b"HTTP/1.1 503\r\nRetry-After: 1\r\n\r\n", b'{"error": {}}') == "refused"
+    assert classify(503, b"HTTP/1.1 503\r\n\r\n", b'{"error": {}}') == "HTTP 503 (not OpenAI JSON + Retry-After)"
+    assert classify(503, b"HTTP/1.1 503\r\nretry-after: 1\r\n\r\n", b"dropped") == (
+        "HTTP 503 (not OpenAI JSON + Retry-After)"
+    )
+    assert classify(500, b"", b"") == "HTTP 500"
+
+
+def test_request_bytes_is_one_complete_request() -> None:
+    raw = request_bytes("h:1", "/v1/completions", {"prompt": "hi"})
+    head, body = raw.split(b"\r\n\r\n")
+    assert head.startswith(b"POST /v1/completions HTTP/1.1\r\nHost: h:1\r\n")
+    assert f"Content-Length: {len(body)}".encode() in head and json.loads(body) == {"prompt": "hi"}
+
+
+async def test_a_burst_gets_every_answer() -> None:
+    seen = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal seen
+        head = await reader.readuntil(b"\r\n\r\n")
+        headers = dict(line.partition(b": ")[::2] for line in head.split(b"\r\n")[1:] if line)
+        await reader.readexactly(int(headers[b"Content-Length"]))
+        seen += 1
+        writer.write([SSE, REFUSAL, PLAIN][seen % 3])
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        answers = await burst(f"http://127.0.0.1:{port}", "m", 30, 1, 8, seed=0)
+    kinds = sorted(a.kind for a in answers if isinstance(a, Answer))
+    assert kinds.count("served") == kinds.count("refused") == 10
+    assert kinds.count("HTTP 503 (not OpenAI JSON + Retry-After)") == 10

@@ -1,0 +1,100 @@
+"""serve_app/graph_health.py: the graph's `/health`, from the reports of each application's ingress."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import httpx
+
+from serve_app.config import GraphHealthArgs
+from serve_app.graph_health import GraphHealthApp, Report
+
+
+def reporting(*reports: Report | BaseException | None) -> Callable[[], Awaitable[Report]]:
+    """An ingress that answers each poll with the next of `reports` (the last repeats); an exception is
+    raised, None never answers (a hung ingress)."""
+    answers = list(reports)
+
+    async def report() -> Report:
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if answer is None:
+            await asyncio.Event().wait()
+        if isinstance(answer, BaseException):
+            raise answer
+        assert not isinstance(answer, BaseException) and answer is not None
+        return answer
+
+    return report
+
+
+OK: Report = (True, {"ingress": "ok", "tokenizer": "ok", "llm": "ok"})
+
+
+async def get_health(reports: dict[str, Callable[[], Awaitable[Report]]], polls: int = 1) -> httpx.Response:
+    args = GraphHealthArgs(applications=list(reports), poll_interval_s=0.01, timeout_s=0.05)
+    app = GraphHealthApp(args, reports)
+    app.monitor.start()
+    try:
+        await asyncio.sleep(0.1 * polls)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://health") as client:
+            return await client.get("/health")
+    finally:
+        await app.monitor.stop()
+
+
+async def test_green_when_every_application_is() -> None:
+    response = await get_health({"llm-app": reporting(OK), "tts-app": reporting(OK)})
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "applications": {"llm-app": "ok", "tts-app": "ok"}}
+
+
+async def test_a_failed_stage_is_named_with_its_application() -> None:
+    broken: Report = (False, {"ingress": "ok", "tokenizer": "ok", "llm": "EngineDeadError: gone"})
+    response = await get_health({"llm-app": reporting(OK), "tts-app": reporting(broken)})
+    assert response.status_code == 503
+    assert response.json()["applications"] == {
+        "llm-app": "ok",
+        "tts-app": "ServiceUnavailableError: llm: EngineDeadError: gone",
+    }
+
+
+async def test_a_hung_ingress_turns_red_after_the_timeout() -> None:
+    response = await get_health({"llm-app": reporting(None)})
+    assert response.status_code == 503
+    assert "no answer within 0.05 s" in response.json()["applications"]["llm-app"]
+
+
+async def test_an_unreachable_ingress_is_red_and_recovers() -> None:
+    response = await get_health({"llm-app": reporting(RuntimeError("no such application"), OK)}, polls=3)
+    assert response.status_code == 200
+    response = await get_health({"llm-app": reporting(RuntimeError("no such application"))})
+    assert response.json()["applications"]["llm-app"] == "RuntimeError: no such application"
+
+
+async def test_the_asgi_lifespan_starts_and_stops_the_polls() -> None:
+    calls = 0
+
+    async def report() -> Report:
+        nonlocal calls
+        calls += 1
+        return OK
+
+    app = GraphHealthApp(GraphHealthArgs(applications=["llm-app"], poll_interval_s=0.01), {"llm-app": report})
+    inbox: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+    sent: list[str] = []
+
+    async def send(message: dict[str, str]) -> None:
+        sent.append(message["type"])
+
+    lifespan = asyncio.create_task(app({"type": "lifespan"}, inbox.get, send))  # type: ignore[arg-type]
+    await inbox.put({"type": "lifespan.startup"})
+    await asyncio.sleep(0.1)
+    assert calls > 1 and app.monitor.report() == (True, {"llm-app": "ok"})
+    await inbox.put({"type": "lifespan.shutdown"})
+    await asyncio.wait_for(lifespan, 1)
+    polled = calls
+    await asyncio.sleep(0.05)
+    assert calls == polled
+    assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
