@@ -14,7 +14,8 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,21 @@ def one_app_config(config_path: str, app: str | None, port: int) -> dict[str, An
     return pin_local_paths(config, Path.cwd())
 
 
+# Ports that Serve's HAProxy mode opens at fixed numbers on every node: a second cluster on the machine
+# (this launcher's, the tests') would collide with the first one's and leave its HAProxy down.
+FIXED_SERVE_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+                     "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")  # fmt: skip
+
+
+def use_free_serve_ports(environ: MutableMapping[str, str]) -> None:
+    """Gives each of FIXED_SERVE_PORTS not already set a free port, in `environ` (of `ray start`/`ray.init`)."""
+    for name in FIXED_SERVE_PORTS:
+        if name not in environ:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                environ[name] = str(sock.getsockname()[1])
+
+
 def route_prefix(config: dict[str, Any]) -> str:
     prefix = str(config["applications"][0].get("route_prefix") or "/")
     return "" if prefix == "/" else prefix.rstrip("/")
@@ -61,6 +77,7 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
 
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
     os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")  # as the Makefile sets it (it says why)
+    use_free_serve_ports(os.environ)
     # As the Makefile sets it for `ray start` (deployments.graph.check_transport_fits says why).
     os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(64 * 2**20))
     ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)

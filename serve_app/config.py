@@ -293,6 +293,35 @@ class AdmissionConfig(_Strict):
         "included; more are refused (reason `ingress_full`). Set it below the ingress deployment's "
         "`max_ongoing_requests`, whose overflow Serve's proxy refuses with a plain-text 503. Unset: no limit here.",
     )
+    prefill_tokens_per_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1e9,
+        description="Admission by work (serve_app/ingress/work_admission.py): prompt tokens per second the engine "
+        "prefills when saturated (`python -m load.ceiling` measures it). With `decode_tokens_per_s`, a request is "
+        "admitted only while the work admitted before it, plus its own, fits in `max_wait_s` and its deadline "
+        "(reason `expected_wait`). Unset: requests are admitted by count only.",
+    )
+    decode_tokens_per_s: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1e9,
+        description="Tokens per second the engine generates over its whole batch when saturated; with "
+        "`prefill_tokens_per_s`. A request weighs its `max_tokens` (what the context leaves, when it gives none).",
+    )
+    max_wait_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        le=3600.0,
+        description="With the two rates set: the longest a request may expect to wait for the engine to clear "
+        "the work admitted before it; longer is refused at once rather than queued.",
+    )
+
+    @model_validator(mode="after")
+    def _rates_together(self) -> AdmissionConfig:
+        if (self.prefill_tokens_per_s is None) != (self.decode_tokens_per_s is None):
+            raise ValueError("prefill_tokens_per_s and decode_tokens_per_s are set together, or neither")
+        return self
 
 
 class HealthConfig(_Strict):

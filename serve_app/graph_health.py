@@ -10,6 +10,7 @@ hung or dead ingress (the call times out or fails) within one poll interval plus
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
 from starlette.responses import JSONResponse
@@ -23,14 +24,25 @@ from serve_app.ingress.health import Check, HealthMonitor
 Report = tuple[bool, dict[str, str]]
 
 
-def ingress_check(report: Callable[[], Awaitable[Report]]) -> Check:
-    """A check that fails naming the application's stages that are not ok (the ingress included,
-    when it cannot answer at all)."""
+def ingress_check(report: Callable[[], Awaitable[Report]], stages: dict[str, str]) -> Check:
+    """A check that keeps the application's stages in `stages` and fails naming those not ok (the ingress
+    itself, when it cannot answer at all)."""
 
     async def check() -> None:
-        ok, stages = await report()
+        try:
+            ok, latest = await report()
+        except asyncio.CancelledError:  # the monitor's timeout: a hung ingress
+            stages.clear()
+            stages["ingress"] = "no answer"
+            raise
+        except Exception as exc:
+            stages.clear()
+            stages["ingress"] = f"{type(exc).__name__}: {exc}"[:300]
+            raise
+        stages.clear()
+        stages.update({"ingress": "ok", **latest})
         if not ok:
-            raise ServiceUnavailableError("; ".join(f"{s}: {d}" for s, d in stages.items() if d != "ok"))
+            raise ServiceUnavailableError("; ".join(f"{s}: {d}" for s, d in latest.items() if d != "ok"))
 
     return check
 
@@ -40,7 +52,9 @@ class GraphHealthApp:
     path it sees is empty, which a router would redirect to `/health/` (307) rather than answer."""
 
     def __init__(self, args: GraphHealthArgs, reports: Mapping[str, Callable[[], Awaitable[Report]]]) -> None:
-        checks = {app: ingress_check(report) for app, report in reports.items()}
+        # Each application's stages as its ingress last reported them ({} before its first answer).
+        self.stages: dict[str, dict[str, str]] = {app: {} for app in reports}
+        checks = {app: ingress_check(report, self.stages[app]) for app, report in reports.items()}
         self.monitor = HealthMonitor(checks, args.poll_interval_s, args.timeout_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -48,7 +62,8 @@ class GraphHealthApp:
             await self._lifespan(receive, send)
             return
         ok, details = self.monitor.report()
-        body = {"status": "ok" if ok else "unhealthy", "applications": details}
+        apps = {app: {"status": detail, "stages": self.stages[app]} for app, detail in details.items()}
+        body = {"status": "ok" if ok else "unhealthy", "applications": apps}
         await JSONResponse(body, status_code=200 if ok else 503)(scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

@@ -30,6 +30,7 @@ from serve_app.ingress.health import HealthMonitor
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.protocol import SamplingRequest
 from serve_app.ingress.slots import Slots
+from serve_app.ingress.work_admission import WorkGate, WorkTicket
 from serve_app.messages import (
     ChatPrompt,
     ChoiceDelta,
@@ -63,10 +64,16 @@ class Services:
     closers: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
     # Speech streams of this replica: `tts.max_streams` speaking, `tts.max_waiting_streams` waiting.
     speech_slots: Slots = field(init=False)
+    # Admission by work (`admission.prefill_tokens_per_s`/`decode_tokens_per_s`); None: by count only.
+    work: WorkGate | None = field(init=False)
 
     def __post_init__(self) -> None:
         tts = self.args.tts
         self.speech_slots = Slots(tts.max_streams, tts.max_waiting_streams) if tts else Slots(0, 0)
+        admission = self.args.admission
+        self.work = None
+        if admission.prefill_tokens_per_s is not None and admission.decode_tokens_per_s is not None:
+            self.work = WorkGate(admission.prefill_tokens_per_s, admission.decode_tokens_per_s, admission.max_wait_s)
 
     @classmethod
     def create(
@@ -215,10 +222,14 @@ async def start_generation(
         async with within(deadline, "tokenizer", metrics.rejections):
             tokenized = await services.tokenizer.tokenize(replace(tokenize, deadline=deadline_at(deadline)))
     called_llm = time.perf_counter()
-    request = GenerateRequest(
-        request_id, tokenized.token_ids, sampling(tokenized.max_tokens), images or [], deadline_at(deadline)
-    )
-    generator = _in_flight(metrics, "llm", services.llm.generate(request))
+    spec = sampling(tokenized.max_tokens)
+    request = GenerateRequest(request_id, tokenized.token_ids, spec, images or [], deadline_at(deadline))
+    ticket = None
+    if services.work is not None:
+        prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
+        remaining = None if deadline is None else deadline.remaining()
+        ticket = services.work.admit(prompt_tokens, spec.max_tokens * spec.n, remaining)
+    generator = _in_flight(metrics, "llm", services.llm.generate(request), ticket)
     try:
         async with within(deadline, "llm", metrics.rejections):
             first = await anext(generator)
@@ -248,15 +259,19 @@ async def start_generation(
 
 
 async def _in_flight(
-    metrics: IngressMetrics, stage: str, chunks: AsyncIterator[GenerationChunk]
+    metrics: IngressMetrics, stage: str, chunks: AsyncIterator[GenerationChunk], ticket: WorkTicket | None = None
 ) -> AsyncGenerator[GenerationChunk, None]:
-    """`chunks`, counted as a call in flight to `stage` until they end or are closed; closing this
-    closes them (the Serve call is cancelled)."""
+    """`chunks`, counted as a call in flight to `stage` (and in the work backlog, with a ticket) until
+    they end or are closed; closing this closes them (the Serve call is cancelled)."""
     with metrics.stage_in_flight.labels(stage).track_inprogress():
         try:
             async for chunk in chunks:
+                if ticket is not None:
+                    ticket.generated(sum(len(d.token_ids) for d in chunk.deltas))
                 yield chunk
         finally:
+            if ticket is not None:
+                ticket.release()
             close = getattr(chunks, "aclose", None)
             if close is not None:
                 await close()

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from deployments.stop import remove_orphaned_engine_files, shm_files
+from load.graph_launcher import use_free_serve_ports
 from tests.integration.support import (
     APP,
     LIMITS_PREFIX,
@@ -73,6 +74,7 @@ def cluster() -> Iterator[Any]:
     # With RAY_AUTH_MODE=token (the Makefile's), the GCS refuses to start without a token: create one as
     # ray.init() does for a new local cluster (on a fresh machine there is none yet).
     ensure_token_if_auth_enabled(create_token_if_missing=True)
+    use_free_serve_ports(os.environ)  # beside a `make serve` cluster, too
     shm_before = shm_files()
     nodes = iter(NODES.items())
     name, head = next(nodes)

@@ -67,6 +67,8 @@ def limits_app(text_app: dict[str, Any]) -> dict[str, Any]:
     app["args"]["engine"]["max_num_seqs"] = 2
     # No engine waiting queue: a third sequence is refused by the llm stage (engine_queue_full).
     app["args"]["engine"]["max_waiting_requests"] = 0
+    # Admitted by count, so that the engine's and Serve's own bounds are what these tests meet.
+    app["args"]["admission"] = {"max_in_flight": 64}
     app["args"]["tokenizer"]["threads"] = 1
     deployments = {d["name"]: d for d in app["deployments"]}
     deployments["llm"].update(max_ongoing_requests=2, max_queued_requests=1)
@@ -87,6 +89,19 @@ def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
             return
         time.sleep(0.5)
     raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+# How often the graph's /health application asks each ingress (its `poll_interval_s` default): the graph's
+# /health reports what a request saw, or a stage's death, at most this much later than the app's own.
+GRAPH_HEALTH_POLL_S = 1.0
+
+
+def stage_health(base_url: str, app: str) -> dict[str, str]:
+    """{stage: "ok" or what failed} of `app`: from its own `<prefix>/health`, or for the application at
+    `/`, whose `/health` is the graph's, from the graph's report of it."""
+    body = httpx.get(f"{base_url}/health", timeout=5).json()
+    stages: dict[str, str] = body["stages"] if "stages" in body else body["applications"][app]["stages"]
+    return stages
 
 
 def graph_healthy(base_url: str) -> bool:

@@ -15,7 +15,7 @@ import httpx
 import psutil
 from ray._private import state
 
-from tests.integration.support import wait_for
+from tests.integration.support import APP, stage_health, wait_for
 
 
 def llm_replica_pid() -> int:
@@ -45,8 +45,7 @@ def test_zz_engine_death_is_reported_and_repaired(graph: str, client: Any) -> No
     killed_at = time.monotonic()
     wait_for(lambda: health_status(graph) == 503, 15, "/health to report the dead engine")
     detected_s = time.monotonic() - killed_at
-    body = httpx.get(f"{graph}/health", timeout=2).json()
-    assert body["stages"]["llm"] != "ok"
+    assert stage_health(graph, APP)["llm"] != "ok"
     wait_for(lambda: health_status(graph) == 200, 180, "Serve to replace the llm replica")
     assert llm_replica_pid() != replica
     response = client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "hi"}],

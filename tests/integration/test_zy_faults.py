@@ -28,11 +28,13 @@ from ray._private import state
 from tests.integration.support import (
     ALLOWED_LOOPBACK,
     APP,
+    GRAPH_HEALTH_POLL_S,
     TTS_PREFIX,
     VISION_APP,
     VISION_PREFIX,
     WATCHDOG_TIMEOUT_S,
     graph_healthy,
+    stage_health,
     wait_for,
 )
 from tests.integration.test_engine_death import engine_core_pid, health_status
@@ -62,13 +64,9 @@ def wait_recovered(base_url: str, app: str, deployment: str, old_pid: int, since
     return time.monotonic() - since
 
 
-def stage_detail(base_url: str, stage: str) -> str:
-    return str(httpx.get(f"{base_url}/health", timeout=5).json()["stages"][stage])
-
-
 def health_truthful(base_url: str, app: str, stage: str, old_pid: int) -> bool:
     """`/health` names the stage broken, or Serve has already replaced its replica (green is then true)."""
-    return stage_detail(base_url, stage) != "ok" or replica_pids(app, stage) not in ([], [old_pid])
+    return stage_health(base_url, app).get(stage) != "ok" or replica_pids(app, stage) not in ([], [old_pid])
 
 
 def chat(base_url: str, model: str, **extra: Any) -> httpx.Response:
@@ -86,7 +84,9 @@ def assert_recovers(base_url: str, app: str, stage: str, old_pid: int, killed_at
                     name: str, failed_s: float) -> None:  # fmt: skip
     """After a replica was killed and its request failed: `/health` tells the truth, Serve replaces the
     replica, a new request succeeds, and the error came within ERROR_WITHIN_S (the times are printed)."""
-    assert health_truthful(base_url, app, stage, old_pid)
+    # The graph's /health (the app at `/`) learns it at its next poll of the ingress.
+    wait_for(lambda: health_truthful(base_url, app, stage, old_pid), 3 * GRAPH_HEALTH_POLL_S,
+             f"/health to report the {stage}")  # fmt: skip
     red_s = time.monotonic() - killed_at
     recovered_s = wait_recovered(base_url, app, stage, old_pid, killed_at)
     assert chat(base_url, model).status_code == 200
@@ -243,7 +243,7 @@ def test_zy_engine_killed_mid_stream(graph: str) -> None:
     failed_s = at - killed_at
     assert "engine died" in error["message"], error
     assert error["type"] == "ServiceUnavailableError"
-    assert health_status(graph) == 503
+    wait_for(lambda: health_status(graph) == 503, 3 * GRAPH_HEALTH_POLL_S, "/health to report the dead engine")
     assert_recovers(graph, APP, "llm", replica, killed_at, model="tiny-chat", name="engine killed mid-stream",
                     failed_s=failed_s)  # fmt: skip
 
@@ -262,7 +262,7 @@ def test_zy_hung_engine_is_detected_and_replaced(graph: str) -> None:
         # Refused at once: Serve keeps the replica in rotation until its health check has failed 3 times.
         assert_stage_error(chat(vision, "tiny-llava"), "engine_hung", "hung")
         wait_for(lambda: health_status(vision) == 503, 10, "/health to report the hung engine")
-        assert "hung" in stage_detail(vision, "llm")
+        assert "hung" in stage_health(vision, VISION_APP)["llm"]
         detected_s = time.monotonic() - stopped_at
         recovered_s = wait_recovered(vision, VISION_APP, "llm", replica, stopped_at)
     finally:

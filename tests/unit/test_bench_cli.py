@@ -95,7 +95,9 @@ def test_speech(tmp_path: Path) -> None:
     # The server listens in this very process: its CPU is read (client and server together here).
     assert results["targets"]["tts"]["cpu_scope"] == f"descendants of {os.getpid()}"
     assert m["cpu"]["outside_engine_ms_per_request"] > 0
-    assert [role.startswith("other:python") for role in m["cpu"]["roles"]] == [True]  # python or python3
+    # This process (python or python3); in a `make test` run the integration tests' Ray cluster, a child of
+    # this process too, is counted beside it.
+    assert any(role.startswith("other:python") for role in m["cpu"]["roles"])
     assert m["total_audio_s"] == pytest.approx(0.2 * m["completed"])
     # Client and server share this process's GIL: no claim on how late the audio comes, only that it is measured.
     assert 0 <= m["underrun_rate"] <= 1 and m["rtf"]["p50"] > 0 and m["ttfa_ms"]["p50"] > 0

@@ -28,7 +28,7 @@ def reporting(*reports: Report | BaseException | None) -> Callable[[], Awaitable
     return report
 
 
-OK: Report = (True, {"ingress": "ok", "tokenizer": "ok", "llm": "ok"})
+OK: Report = (True, {"tokenizer": "ok", "llm": "ok"})
 
 
 async def get_health(reports: dict[str, Callable[[], Awaitable[Report]]], polls: int = 1) -> httpx.Response:
@@ -47,30 +47,35 @@ async def get_health(reports: dict[str, Callable[[], Awaitable[Report]]], polls:
 async def test_green_when_every_application_is() -> None:
     response = await get_health({"llm-app": reporting(OK), "tts-app": reporting(OK)})
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "applications": {"llm-app": "ok", "tts-app": "ok"}}
+    app = {"status": "ok", "stages": {"ingress": "ok", "tokenizer": "ok", "llm": "ok"}}
+    assert response.json() == {"status": "ok", "applications": {"llm-app": app, "tts-app": app}}
 
 
 async def test_a_failed_stage_is_named_with_its_application() -> None:
-    broken: Report = (False, {"ingress": "ok", "tokenizer": "ok", "llm": "EngineDeadError: gone"})
+    broken: Report = (False, {"tokenizer": "ok", "llm": "EngineDeadError: gone"})
     response = await get_health({"llm-app": reporting(OK), "tts-app": reporting(broken)})
     assert response.status_code == 503
-    assert response.json()["applications"] == {
-        "llm-app": "ok",
-        "tts-app": "ServiceUnavailableError: llm: EngineDeadError: gone",
+    apps = response.json()["applications"]
+    assert apps["llm-app"]["status"] == "ok"
+    assert apps["tts-app"] == {
+        "status": "ServiceUnavailableError: llm: EngineDeadError: gone",
+        "stages": {"ingress": "ok", "tokenizer": "ok", "llm": "EngineDeadError: gone"},
     }
 
 
 async def test_a_hung_ingress_turns_red_after_the_timeout() -> None:
     response = await get_health({"llm-app": reporting(None)})
     assert response.status_code == 503
-    assert "no answer within 0.05 s" in response.json()["applications"]["llm-app"]
+    app = response.json()["applications"]["llm-app"]
+    assert "no answer within 0.05 s" in app["status"] and app["stages"] == {"ingress": "no answer"}
 
 
 async def test_an_unreachable_ingress_is_red_and_recovers() -> None:
     response = await get_health({"llm-app": reporting(RuntimeError("no such application"), OK)}, polls=3)
     assert response.status_code == 200
     response = await get_health({"llm-app": reporting(RuntimeError("no such application"))})
-    assert response.json()["applications"]["llm-app"] == "RuntimeError: no such application"
+    error = "RuntimeError: no such application"
+    assert response.json()["applications"]["llm-app"] == {"status": error, "stages": {"ingress": error}}
 
 
 async def test_the_asgi_lifespan_starts_and_stops_the_polls() -> None:

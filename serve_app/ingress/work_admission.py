@@ -1,0 +1,71 @@
+"""Admission by work: a request is admitted when the engine is expected to have cleared the work
+already admitted before it, plus its own, within `admission.max_wait_s` and the request's deadline.
+
+Counting requests treats a one-token request like a 2,000-token generation: a count low enough to
+refuse a burst of long generations at once refused a burst of one-token requests the engine clears in
+seconds, and a count high enough for those queued long generations for minutes. Here each request
+weighs its engine time at the engine's saturated rates (`admission.prefill_tokens_per_s` for its
+prompt, `admission.decode_tokens_per_s` for the tokens it may generate), and the backlog is the sum
+over the requests admitted and not finished, less what they have generated so far. The prompt's
+share is paid off at the first token. It is an estimate at full batch: a lone request decodes slower
+than the batch rate, but then nothing waits behind it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from serve_app.errors import OverloadedError
+
+
+class WorkTicket:
+    """One admitted request's share of the backlog, paid off as it progresses; `release` ends it."""
+
+    def __init__(self, gate: WorkGate, prompt_s: float, decode_s_per_token: float, max_tokens: int) -> None:
+        self._gate = gate
+        self._prompt_s = prompt_s
+        self._per_token = decode_s_per_token
+        self._tokens_left = max_tokens
+        self.remaining_s = prompt_s + decode_s_per_token * max_tokens
+        gate.backlog_s += self.remaining_s
+
+    def generated(self, tokens: int) -> None:
+        """`tokens` more came out of the engine (the first call also ends the prompt's prefill)."""
+        paid = self._prompt_s + self._per_token * min(tokens, self._tokens_left)
+        self._prompt_s = 0.0
+        self._tokens_left = max(0, self._tokens_left - tokens)
+        self._pay(paid)
+
+    def release(self) -> None:
+        """The request ended (finished, failed or cancelled): its unpaid work leaves the backlog. Idempotent."""
+        self._pay(self.remaining_s)
+
+    def _pay(self, seconds: float) -> None:
+        seconds = min(seconds, self.remaining_s)
+        self.remaining_s -= seconds
+        self._gate.backlog_s = max(0.0, self._gate.backlog_s - seconds)
+
+
+class WorkGate:
+    def __init__(self, prefill_tokens_per_s: float, decode_tokens_per_s: float, max_wait_s: float) -> None:
+        self._prefill_s = 1.0 / prefill_tokens_per_s
+        self._decode_s = 1.0 / decode_tokens_per_s
+        self._max_wait_s = max_wait_s
+        # Engine seconds of work admitted and not yet done, at the saturated rates.
+        self.backlog_s = 0.0
+
+    def admit(self, prompt_tokens: int, max_tokens: int, deadline_s: float | None = None) -> WorkTicket:
+        """A ticket for the request, or OverloadedError (`expected_wait`) when the backlog with it would
+        take longer than `max_wait_s` or the `deadline_s` left to the request. An idle engine admits any
+        request: one larger than the whole budget would otherwise never run."""
+        own = prompt_tokens * self._prefill_s + max_tokens * self._decode_s
+        limit = min(self._max_wait_s, math.inf if deadline_s is None else deadline_s)
+        if self.backlog_s > 0 and self.backlog_s + own > limit:
+            raise OverloadedError(
+                f"The engine has about {self.backlog_s:.1f} s of admitted work ahead of this request, which "
+                f"needs about {own:.1f} s more; more than the {limit:.1f} s it may wait. Retry later.",
+                code="overloaded",
+                stage="ingress",
+                reason="expected_wait",
+            )
+        return WorkTicket(self, prompt_tokens * self._prefill_s, self._decode_s, max_tokens)

@@ -1,0 +1,108 @@
+"""serve_app/ingress/work_admission.py: admission by the engine time a request needs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from serve_app.config import AdmissionConfig, AppArgs
+from serve_app.errors import OverloadedError
+from serve_app.ingress.clients import LocalTokenizer
+from serve_app.ingress.pipeline import Services, start_generation
+from serve_app.ingress.work_admission import WorkGate
+from serve_app.messages import GenerateRequest, GenerationChunk, SamplingSpec, TextPrompt, TokenizeRequest
+from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.conftest import FakeLLM
+
+
+def gate(max_wait_s: float = 10.0) -> WorkGate:
+    # 1 ms per prompt token, 10 ms per generated token (batch-wide).
+    return WorkGate(prefill_tokens_per_s=1000, decode_tokens_per_s=100, max_wait_s=max_wait_s)
+
+
+def test_a_burst_of_one_token_requests_is_admitted_where_long_generations_are_not() -> None:
+    short = gate()
+    tickets = [short.admit(prompt_tokens=256, max_tokens=1) for _ in range(35)]  # 0.266 s each: 9.3 s
+    assert len(tickets) == 35 and short.backlog_s == pytest.approx(35 * 0.266)
+    long = gate()
+    admitted = 0
+    with pytest.raises(OverloadedError) as refused:
+        for _ in range(400):
+            long.admit(prompt_tokens=256, max_tokens=256)  # 2.816 s each
+            admitted += 1
+    assert admitted == 3
+    assert refused.value.reason == "expected_wait" and refused.value.status_code == 503
+
+
+def test_progress_and_release_pay_the_backlog_off() -> None:
+    g = gate()
+    ticket = g.admit(prompt_tokens=100, max_tokens=10)  # 0.1 + 0.1 s
+    ticket.generated(1)  # prefill done and one token
+    assert g.backlog_s == pytest.approx(0.09)
+    ticket.generated(50)  # more than it asked for pays no more than it owes
+    assert g.backlog_s == pytest.approx(0.0)
+    other = g.admit(prompt_tokens=100, max_tokens=10)
+    other.release()
+    other.release()  # idempotent: a stream closed twice
+    assert g.backlog_s == pytest.approx(0.0)
+
+
+def test_a_deadline_shorter_than_the_wait_is_refused_at_once() -> None:
+    g = gate()
+    g.admit(prompt_tokens=1000, max_tokens=0)  # 1 s of backlog
+    with pytest.raises(OverloadedError, match=r"more than the 0\.5 s"):
+        g.admit(prompt_tokens=10, max_tokens=10, deadline_s=0.5)
+    assert g.admit(prompt_tokens=10, max_tokens=10, deadline_s=2.0).remaining_s == pytest.approx(0.11)
+
+
+def test_an_idle_engine_admits_a_request_larger_than_the_budget() -> None:
+    g = gate(max_wait_s=1.0)
+    big = g.admit(prompt_tokens=4000, max_tokens=4000)  # 44 s alone
+    with pytest.raises(OverloadedError):
+        g.admit(prompt_tokens=1, max_tokens=1)
+    big.release()
+    g.admit(prompt_tokens=1, max_tokens=1)
+
+
+class HeldLLM(FakeLLM):
+    """Sends its first chunk, then holds the stream open until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        first = True
+        async for chunk in super().generate(request):
+            yield chunk
+            if first:
+                first = False
+                await self.release.wait()
+
+
+async def test_the_request_path_holds_work_until_the_stream_ends(
+    app_args: AppArgs, tokenizer_stage: TokenizerStage
+) -> None:
+    # 10 tokens generated take 1 s: a second 6-token request does not fit in 1 s behind the first.
+    admission = AdmissionConfig(prefill_tokens_per_s=1e6, decode_tokens_per_s=10, max_wait_s=1.0)
+    llm = HeldLLM()
+    services = Services.create(
+        app_args.model_copy(update={"admission": admission}), LocalTokenizer(tokenizer_stage), llm
+    )
+    tokenize = TokenizeRequest(TextPrompt(text="hello"), add_special_tokens=True)
+
+    def spec(budget: int) -> SamplingSpec:
+        return SamplingSpec(max_tokens=min(budget, 6))
+
+    stream = await start_generation(services, tokenize, spec, "a")
+    assert services.work is not None and services.work.backlog_s == pytest.approx(0.5, abs=0.01)  # 1 of 6 done
+    with pytest.raises(OverloadedError, match="it may wait"):
+        await start_generation(services, tokenize, spec, "b")
+    llm.release.set()
+    assert sum(len(d.token_ids) for c in [c async for c in stream.chunks()] for d in c.deltas) == 6
+    assert services.work.backlog_s == 0.0
+    closed = await start_generation(services, tokenize, spec, "c")
+    await closed.close()  # a client gone mid-stream gives its work back too
+    assert services.work.backlog_s == 0.0
