@@ -20,9 +20,11 @@ from serve_app.graph_health import GraphHealthApp, Report
 class Health:
     def __init__(self, args: GraphHealthArgs) -> None:
         def report_of(app: str) -> Any:
+            # Not checked against the controller now (a blocking call, and the application may be deployed
+            # after this one): until it exists, each poll's call fails or times out, and /health says so.
+            handle = serve.get_deployment_handle("ingress", app_name=app, _check_exists=False)
+
             async def report() -> Report:
-                # Looked up at each poll: the application may be deployed after this one, or redeployed.
-                handle = serve.get_deployment_handle("ingress", app_name=app)
                 ok, stages = await handle.health_report.remote()
                 return bool(ok), dict(stages)
 

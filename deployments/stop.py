@@ -15,6 +15,7 @@ live process holds are removed, so /dev/shm is left as `make serve` found it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -82,27 +83,32 @@ def remove_orphaned_engine_files(before: set[str]) -> list[str]:
     return removed
 
 
-def serve_run_drivers(checkout: Path) -> list[psutil.Process]:
-    """The `serve run` processes started from `checkout` (as `make serve` starts it)."""
+def serve_run_drivers(checkout: Path, serve: Path | None = None) -> list[psutil.Process]:
+    """The `serve run` processes of this environment's `serve` script (`serve`) started from `checkout`,
+    as `make serve` starts it: `<python> <serve> run ...`."""
+    serve = serve or Path(sys.executable).with_name("serve")
     found = []
     for proc in psutil.process_iter(["cmdline", "cwd"]):
         cmdline, cwd = proc.info["cmdline"] or [], proc.info["cwd"]
-        runs = any(Path(a).name == "serve" and cmdline[i + 1 : i + 2] == ["run"] for i, a in enumerate(cmdline))
+        runs = len(cmdline) > 2 and (checkout / cmdline[1]).resolve() == serve.resolve() and cmdline[2] == "run"
         if runs and cwd is not None and Path(cwd) == checkout and proc.pid != os.getpid():
             found.append(proc)
     return found
 
 
 def end_drivers(drivers: list[psutil.Process], timeout_s: float = 30.0) -> None:
-    # SIGTERM: a `serve run` in the background ignores SIGINT. Its applications are already gone.
+    # SIGTERM: a `serve run` in the background ignores SIGINT. Its applications are already gone. One
+    # that exits meanwhile (Ctrl-C came first) is already done.
     for proc in drivers:
-        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signal.SIGTERM)
     _, alive = psutil.wait_procs(drivers, timeout=timeout_s)
     for proc in alive:
-        proc.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
 
 
-def main() -> None:
+def drain_serve() -> None:
     import ray
     from ray.serve.exceptions import RayServeException
 
@@ -110,17 +116,35 @@ def main() -> None:
         ray.init(address="auto", logging_level=logging.WARNING)
     except ConnectionError as exc:
         print(f"no Ray cluster to stop Serve on: {exc}")
-    else:
+        return
+    try:
+        stop_serve()
+    except RayServeException as exc:
+        print(f"Serve is not running: {exc}")
+    finally:
+        ray.shutdown()
+
+
+def main() -> None:
+    # Each step runs whatever failed before it: a Ray or Serve error must not leave Ray and the driver running.
+    try:
+        drain_serve()
+    finally:
         try:
-            stop_serve()
-        except RayServeException as exc:
-            print(f"Serve is not running: {exc}")
+            end_drivers(serve_run_drivers(Path.cwd()))
         finally:
-            ray.shutdown()
-    end_drivers(serve_run_drivers(Path.cwd()))
-    subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], check=False)
-    before = set(SHM_BASELINE.read_text().split()) if SHM_BASELINE.exists() else set()
-    removed = remove_orphaned_engine_files(before)
+            subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], check=False)
+            clean_shm()
+
+
+def clean_shm() -> None:
+    """The engine files `make serve`'s cluster left; only against its baseline (without one, another
+    program's unmapped `psm_` segment could not be told from ours)."""
+    if not SHM_BASELINE.exists():
+        print(f"no {SHM_BASELINE} (Ray was not started by `make serve`): /dev/shm left as it is")
+        return
+    removed = remove_orphaned_engine_files(set(SHM_BASELINE.read_text().split()))
+    SHM_BASELINE.unlink()
     if removed:
         print(f"removed {len(removed)} shared-memory files of engines that were killed: {' '.join(removed)}")
 

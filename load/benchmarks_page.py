@@ -5,7 +5,7 @@ never hand-edited, and anyone can rerun it and see what it rests on.
   python -m load.benchmarks_page --add results/bench/text-vllm/results.json 20-text-vllm   # copy, render
 
 `--add RESULT NAME` copies one result file (of load.bench, load.overhead, load.health_probe,
-load.ceiling, load.tokenizer_throughput, load.overload or load.soak) to docs/benchmarks/NAME.json, kept
+load.ceiling, load.tokenizer_throughput, load.overload, load.soak or load.burst) to docs/benchmarks/NAME.json, kept
 small: summaries and per-second series, not every request (the bench's /health probe timeline, ten a
 second, becomes its per-second series). One file per section, in file-name order (so NAME starts with
 a number). Every bench section gets two plots there, NAME-load.png (req/s and TTFT p50/p99 against
@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import load.burst
 import load.overload
 import load.soak
 from load.bench import health, report
@@ -190,7 +191,20 @@ def soak(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def burst(result: dict[str, Any]) -> list[str]:
+    """A `load.burst` run: simultaneous bursts, what became of each request."""
+    return [
+        "## Simultaneous bursts (every request written within a few ms; refusal and first-byte times from the "
+        "request's last byte)",
+        "",
+        load.burst.markdown(result).strip(),
+        "",
+        *_meta(result),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "burst": burst,
     "health_probe": health_probe,
     "overhead": overhead,
     "bench": bench,

@@ -114,6 +114,26 @@ async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, s
     }
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """One row per burst: what became of its requests, how fast refusals came, `/health` meanwhile (ms)."""
+    lines = [
+        "| target | round | requests x max_tokens | served | refused (JSON + Retry-After) | other | "
+        "refusal p50 | p99 | max | served first byte p50 | p99 | /health p99 | max |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["rows"]:
+        outcomes = dict(row["outcomes"])
+        served, refused = outcomes.pop("served", 0), outcomes.pop("refused", 0)
+        other = ", ".join(f"{n} {kind}" for kind, n in outcomes.items()) or "0"
+        r, f, h = row["refusal_ms"], row["served_first_byte_ms"], row["health"]
+        lines.append(
+            f"| {row['target']} | {row['round']} | {row['requests']} x {row['max_tokens']} | {served} | {refused} "
+            f"| {other} | {r['p50']:.0f} | {r['p99']:.0f} | {r['max']:.0f} | {f['p50']:.0f} | {f['p99']:.0f} "
+            f"| {h['p99']:.1f} | {h['max']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m load.burst", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -152,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = asyncio.run(run(urls | launched, opts))
     meta = run_meta("load.burst", None if argv is None else list(argv))
     result = {**meta, "kind": "burst", "label": opts.label, "rows": rows}
+    print(markdown(result))
     if opts.out:
         opts.out.parent.mkdir(parents=True, exist_ok=True)
         opts.out.write_text(json.dumps(result, indent=2) + "\n")

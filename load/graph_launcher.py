@@ -77,6 +77,8 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
 
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
     os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")  # as the Makefile sets it (it says why)
+    for name in FIXED_SERVE_PORTS:  # the ports of the cluster that started us (the tests' session) are taken
+        os.environ.pop(name, None)
     use_free_serve_ports(os.environ)
     # As the Makefile sets it for `ray start` (deployments.graph.check_transport_fits says why).
     os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(64 * 2**20))

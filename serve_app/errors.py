@@ -84,7 +84,8 @@ def find_openai_error(exc: BaseException) -> OpenAIError | None:
 
 class OverloadedError(ServiceUnavailableError):
     """A request not admitted: `stage` is at its limit for `reason` (`stage_full`, `engine_queue_full`,
-    `max_streams`). The ingress answers it with the `admission:` status and Retry-After, and counts it."""
+    `max_streams`, `ingress_full`, `expected_wait`). The ingress answers it with the `admission:` status
+    and Retry-After, and counts it."""
 
     retry_after_s = 1
 

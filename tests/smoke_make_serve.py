@@ -71,6 +71,7 @@ def main() -> None:
         raise SystemExit(f"Ray is already running here (pids {sorted(ray_processes())}): stop it first")
     shm_before = {p.name for p in Path("/dev/shm").iterdir()}
     env = {**os.environ, "HOME": tempfile.mkdtemp(prefix="smoke-home-")}
+    (ROOT / ".cache").mkdir(exist_ok=True)
     log = open(ROOT / ".cache" / "smoke-serve.log", "wb")  # noqa: SIM115 (open while `make serve` runs)
     serve = subprocess.Popen(["make", "serve"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

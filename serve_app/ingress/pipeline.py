@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
-from serve_app.errors import BadRequestError, EngineDeadError, NotFoundError
+from serve_app.errors import BadRequestError, DeadlineExceededError, EngineDeadError, NotFoundError
 from serve_app.ingress.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
 from serve_app.ingress.deadline import Deadline, deadline_at, within
 from serve_app.ingress.health import HealthMonitor
@@ -226,6 +226,7 @@ async def start_generation(
     request = GenerateRequest(request_id, tokenized.token_ids, spec, images or [], deadline_at(deadline))
     ticket = None
     if services.work is not None:
+        DeadlineExceededError.check(request.deadline, "llm")  # a 504, not an overload, once it has passed
         prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
         remaining = None if deadline is None else deadline.remaining()
         ticket = services.work.admit(prompt_tokens, spec.max_tokens * spec.n, remaining)

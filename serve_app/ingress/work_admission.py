@@ -27,7 +27,9 @@ class WorkTicket:
         self._per_token = decode_s_per_token
         self._tokens_left = max_tokens
         self.remaining_s = prompt_s + decode_s_per_token * max_tokens
+        self._live = True
         gate.backlog_s += self.remaining_s
+        gate.live += 1
 
     def generated(self, tokens: int) -> None:
         """`tokens` more came out of the engine (the first call also ends the prompt's prefill)."""
@@ -39,6 +41,11 @@ class WorkTicket:
     def release(self) -> None:
         """The request ended (finished, failed or cancelled): its unpaid work leaves the backlog. Idempotent."""
         self._pay(self.remaining_s)
+        if self._live:
+            self._live = False
+            self._gate.live -= 1
+            if self._gate.live == 0:
+                self._gate.backlog_s = 0.0  # no float residue may keep an idle engine "busy"
 
     def _pay(self, seconds: float) -> None:
         seconds = min(seconds, self.remaining_s)
@@ -51,8 +58,9 @@ class WorkGate:
         self._prefill_s = 1.0 / prefill_tokens_per_s
         self._decode_s = 1.0 / decode_tokens_per_s
         self._max_wait_s = max_wait_s
-        # Engine seconds of work admitted and not yet done, at the saturated rates.
+        # Engine seconds of work admitted and not yet done, at the saturated rates, and its tickets.
         self.backlog_s = 0.0
+        self.live = 0
 
     def admit(self, prompt_tokens: int, max_tokens: int, deadline_s: float | None = None) -> WorkTicket:
         """A ticket for the request, or OverloadedError (`expected_wait`) when the backlog with it would
@@ -60,7 +68,7 @@ class WorkGate:
         request: one larger than the whole budget would otherwise never run."""
         own = prompt_tokens * self._prefill_s + max_tokens * self._decode_s
         limit = min(self._max_wait_s, math.inf if deadline_s is None else deadline_s)
-        if self.backlog_s > 0 and self.backlog_s + own > limit:
+        if self.live and self.backlog_s + own > limit:
             raise OverloadedError(
                 f"The engine has about {self.backlog_s:.1f} s of admitted work ahead of this request, which "
                 f"needs about {own:.1f} s more; more than the {limit:.1f} s it may wait. Retry later.",

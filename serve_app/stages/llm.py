@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -27,7 +26,7 @@ from serve_app.errors import (
     ServiceUnavailableError,
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
-from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, resolve_dtype
+from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, omp_threads, resolve_dtype
 from serve_app.stages.engine_watchdog import EngineWatchdog
 
 # Serve sends this logger to the replica's log file.
@@ -60,7 +59,7 @@ def build_engine(args: AppArgs) -> Engine:
     dtype = resolve_dtype(args.engine.dtype, on_gpu=not on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
     placement = {"dtype": dtype, "cpu_cores": "-"}
     if on_cpu:
-        placement["cpu_cores"] = bind_engine_cores(args.engine.cpu_cores, int(os.environ.get("OMP_NUM_THREADS", "1")))
+        placement["cpu_cores"] = bind_engine_cores(args.engine.cpu_cores, omp_threads())
     logger.info("engine for %s: dtype %s (asked %s), cores %s", args.model.name, dtype, args.engine.dtype,
                 placement["cpu_cores"])  # fmt: skip
     _ENGINE_INFO.info(placement)

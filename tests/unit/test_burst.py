@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from load.burst import Answer, burst, classify, request_bytes
+from load.burst import Answer, burst, classify, markdown, request_bytes
 
 SSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {}\n\ndata: [DONE]\n\n"
 REFUSAL = b'HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\r\n{"error": {"message": "busy"}}'
@@ -50,3 +50,15 @@ async def test_a_burst_gets_every_answer() -> None:
     kinds = sorted(a.kind for a in answers if isinstance(a, Answer))
     assert kinds.count("served") == kinds.count("refused") == 10
     assert kinds.count("HTTP 503 (not OpenAI JSON + Retry-After)") == 10
+
+
+def test_markdown_has_a_row_per_burst() -> None:
+    ms = {"n": 1, "mean": 1.0, "p50": 1.0, "p95": 1.0, "p99": 2.0, "max": 3.0}
+    row = {"target": "graph", "round": 0, "requests": 400, "max_tokens": 256, "refusal_ms": ms,
+           "outcomes": {"served": 64, "refused": 330, "HTTP 500": 6}, "served_first_byte_ms": ms,
+           "served_done_ms": ms, "wall_s": 1.0, "health": ms | {"failures": 0}}  # fmt: skip
+    table = markdown({"rows": [row, row | {"target": "vllm", "outcomes": {"served": 400}}]})
+    lines = table.splitlines()
+    assert len(lines) == 4
+    assert lines[2].startswith("| graph | 0 | 400 x 256 | 64 | 330 | 6 HTTP 500 | 1 | 2 | 3 |")
+    assert lines[3].startswith("| vllm | 0 | 400 x 256 | 400 | 0 | 0 |")

@@ -60,9 +60,10 @@ def test_the_health_app_watches_every_graph_app(path: Path) -> None:
     assert {"num_replicas", "max_ongoing_requests", "max_queued_requests"} <= deployment.keys()
 
 
-def test_the_health_app_names_a_bad_field() -> None:
+@pytest.mark.parametrize("apps", [[], ["llm-app", "llm-app"]])
+def test_the_health_app_names_a_bad_field(apps: list[str]) -> None:
     with pytest.raises(ConfigError, match="applications"):
-        build_health_app({"applications": []})
+        build_health_app({"applications": apps})
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

@@ -68,7 +68,7 @@ def test_finds_and_ends_the_serve_run_of_this_checkout_only(tmp_path: Path) -> N
     ours = subprocess.Popen([sys.executable, str(script), "run", "configs/cpu-tiny.yaml"], cwd=tmp_path)
     theirs = subprocess.Popen([sys.executable, str(script), "run", "x.yaml"], cwd=elsewhere)
     try:
-        drivers = serve_run_drivers(tmp_path)
+        drivers = serve_run_drivers(tmp_path, serve=script)
         assert [p.pid for p in drivers] == [ours.pid]
         end_drivers(drivers, timeout_s=10)
         # psutil has reaped it, so Popen cannot tell its status: only that it is gone.

@@ -57,6 +57,16 @@ def test_a_deadline_shorter_than_the_wait_is_refused_at_once() -> None:
     assert g.admit(prompt_tokens=10, max_tokens=10, deadline_s=2.0).remaining_s == pytest.approx(0.11)
 
 
+def test_no_float_residue_keeps_an_idle_engine_busy() -> None:
+    g = WorkGate(prefill_tokens_per_s=16000, decode_tokens_per_s=5000, max_wait_s=5)
+    for _ in range(4):
+        ticket = g.admit(prompt_tokens=7, max_tokens=30)
+        ticket.generated(3)
+        ticket.release()
+    assert g.backlog_s == 0.0 and g.live == 0
+    g.admit(prompt_tokens=4000, max_tokens=30000)  # idle: admitted however large
+
+
 def test_an_idle_engine_admits_a_request_larger_than_the_budget() -> None:
     g = gate(max_wait_s=1.0)
     big = g.admit(prompt_tokens=4000, max_tokens=4000)  # 44 s alone
