@@ -384,6 +384,7 @@ class GraphHealthArgs(_Strict):
         if len(set(self.applications)) != len(self.applications):
             raise ValueError(f"applications must be distinct, got {self.applications}")
         return self
+
     poll_interval_s: float = Field(default=1.0, gt=0.0, le=60.0, description="How often it asks each ingress.")
     timeout_s: float = Field(
         default=5.0,

@@ -61,11 +61,7 @@ def health_over_time(results: dict[str, Any], path: Path) -> None:
         samples = results["health_timeline"][name]
         ax.plot([s[0] for s in samples], [s[1] for s in samples], ".", markersize=3,
                 color=colors[i % len(colors)], label=name)  # fmt: skip
-    for cell in results["cells"]:
-        color = colors[names.index(cell["target"]) % len(colors)]
-        ax.axvspan(cell["start_s"], cell["start_s"] + cell["duration_s"], color=color, alpha=0.08)
-        ax.text(cell["start_s"], 1.0, f" {cell['level']}", transform=ax.get_xaxis_transform(), fontsize=7,
-                va="top", color=color)  # fmt: skip
+    _shade_cells(ax, results["cells"], {name: colors[i % len(colors)] for i, name in enumerate(names)})
     ax.set_yscale("log")
     ax.set_xlabel("time since the first load cell (s)")
     ax.set_ylabel("/health latency (ms)")
@@ -74,6 +70,15 @@ def health_over_time(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _shade_cells(ax: Any, cells: list[dict[str, Any]], colors: dict[str, str]) -> None:
+    """Each load cell as a band in its target's colour, labelled with its level."""
+    for cell in cells:
+        color = colors[cell["target"]]
+        ax.axvspan(cell["start_s"], cell["start_s"] + cell["duration_s"], color=color, alpha=0.08)
+        ax.text(cell["start_s"], 1.0, f" {cell['level']}", transform=ax.get_xaxis_transform(), fontsize=7,
+                va="top", color=color)  # fmt: skip
 
 
 def _colors(names: list[str]) -> dict[str, str]:
@@ -133,11 +138,7 @@ def health_per_second(results: dict[str, Any], path: Path) -> None:
             line_y.append(row[2])
         ax.plot(line_x, line_y, "-", color=color, linewidth=1, label=f"{name}: p50 of each second (dots: max)")
         ax.plot(middles, [row[3] for row in series], ".", color=color, markersize=3)
-    for cell in results["cells"]:
-        color = colors[cell["target"]]
-        ax.axvspan(cell["start_s"], cell["start_s"] + cell["duration_s"], color=color, alpha=0.08)
-        ax.text(cell["start_s"], 1.0, f" {cell['level']}", transform=ax.get_xaxis_transform(), fontsize=7,
-                va="top", color=color)  # fmt: skip
+    _shade_cells(ax, results["cells"], colors)
     ax.set_yscale("log")
     ax.set_xlabel("time since the first load cell (s); shaded: a target under load, labelled with the level")
     ax.set_ylabel("/health latency (ms)")

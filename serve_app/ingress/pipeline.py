@@ -2,7 +2,9 @@
 
 1. Check the model name and the request's limits (n, logprobs) against the config.
 2. Multimodal stage (one unary hop, only for requests with images): fetch, decode, resize.
-3. Tokenizer stage (one unary hop): render, tokenize, truncate, check the context length.
+3. Admission by work, when configured (`work_admission.py`): the request is weighed on an estimate
+   of its prompt and refused at once if the engine is too far behind; then the tokenizer stage (one
+   unary hop): render, tokenize, truncate, check the context length; the weight becomes exact.
 4. LLM stage (one streaming hop): token ids in, merged output deltas out. Tokens travel
    llm -> ingress directly, so a streamed token pays one hop, never one per stage.
 5. The first chunk is awaited before any byte is sent, so an engine rejection or backpressure
@@ -39,6 +41,7 @@ from serve_app.messages import (
     ImagesRequest,
     ProcessedImage,
     SamplingSpec,
+    SpeechPrompt,
     TextPrompt,
     TokenizeRequest,
     TokenLogprob,
@@ -218,18 +221,22 @@ async def start_generation(
     first token counts from."""
     start = time.perf_counter()
     metrics = services.metrics
-    with metrics.stage_in_flight.labels("tokenizer").track_inprogress():
-        async with within(deadline, "tokenizer", metrics.rejections):
-            tokenized = await services.tokenizer.tokenize(replace(tokenize, deadline=deadline_at(deadline)))
+    ticket = admit_work(services, tokenize, deadline)
+    try:
+        with metrics.stage_in_flight.labels("tokenizer").track_inprogress():
+            async with within(deadline, "tokenizer", metrics.rejections):
+                tokenized = await services.tokenizer.tokenize(replace(tokenize, deadline=deadline_at(deadline)))
+    except BaseException:
+        if ticket is not None:
+            ticket.release()
+        raise
     called_llm = time.perf_counter()
     spec = sampling(tokenized.max_tokens)
     request = GenerateRequest(request_id, tokenized.token_ids, spec, images or [], deadline_at(deadline))
-    ticket = None
-    if services.work is not None:
-        DeadlineExceededError.check(request.deadline, "llm")  # a 504, not an overload, once it has passed
+    if ticket is not None and services.work is not None:
         prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
-        remaining = None if deadline is None else deadline.remaining()
-        ticket = services.work.admit(prompt_tokens, spec.max_tokens * spec.n, remaining)
+        services.work.learn(prompt_chars(tokenize.prompt), prompt_tokens)
+        ticket.resize(prompt_tokens, spec.max_tokens * spec.n)
     generator = _in_flight(metrics, "llm", services.llm.generate(request), ticket)
     try:
         async with within(deadline, "llm", metrics.rejections):
@@ -257,6 +264,28 @@ async def start_generation(
     return Stream(
         request_id, tokenized.token_ids, num_prompt_tokens, first, generator, metrics, timings, deadline=deadline
     )
+
+
+def prompt_chars(prompt: ChatPrompt | TextPrompt | SpeechPrompt) -> int:
+    """Characters of the prompt's text (chat: of its messages' text parts)."""
+    if isinstance(prompt, ChatPrompt):
+        return sum(len(str(m.get("content") or "")) for m in prompt.messages)
+    return len(prompt.text or "")
+
+
+def admit_work(services: Services, tokenize: TokenizeRequest, deadline: Deadline | None) -> WorkTicket | None:
+    """Step 3's admission by work, if configured: the request's ticket, weighed before it is tokenized
+    (`work_admission.py`), or OverloadedError."""
+    if services.work is None:
+        return None
+    DeadlineExceededError.check(deadline_at(deadline), "ingress")  # a 504, not an overload, once it passed
+    prompt = tokenize.prompt
+    exact = prompt.token_ids if isinstance(prompt, TextPrompt) else None
+    prompt_tokens = len(exact) if exact is not None else services.work.estimate_tokens(prompt_chars(prompt))
+    prompt_tokens += sum(tokenize.image_tokens)
+    room = services.args.model.max_model_len - prompt_tokens
+    max_tokens = max(0, min(tokenize.max_tokens or room, room))
+    return services.work.admit(prompt_tokens, max_tokens, None if deadline is None else deadline.remaining())
 
 
 async def _in_flight(

@@ -9,6 +9,10 @@ prompt, `admission.decode_tokens_per_s` for the tokens it may generate), and the
 over the requests admitted and not finished, less what they have generated so far. The prompt's
 share is paid off at the first token. It is an estimate at full batch: a lone request decodes slower
 than the batch rate, but then nothing waits behind it.
+
+A request is weighed when it arrives, before the tokenizer stage, so a refusal costs no tokenizer
+work and does not wait in its queue: its prompt's characters times the tokens per character of the
+prompts tokenized so far (exact for token-id prompts); once tokenized, its ticket takes its real size.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ class WorkTicket:
         self._live = True
         gate.backlog_s += self.remaining_s
         gate.live += 1
+
+    def resize(self, prompt_tokens: int, max_tokens: int) -> None:
+        """The request's real size, once tokenized (it was admitted on an estimate)."""
+        before = self.remaining_s
+        self._prompt_s = prompt_tokens * self._gate.prefill_s
+        self._tokens_left = max_tokens
+        self.remaining_s = self._prompt_s + self._per_token * max_tokens
+        self._gate.backlog_s = max(0.0, self._gate.backlog_s + self.remaining_s - before)
 
     def generated(self, tokens: int) -> None:
         """`tokens` more came out of the engine (the first call also ends the prompt's prefill)."""
@@ -54,19 +66,33 @@ class WorkTicket:
 
 
 class WorkGate:
+    # Prompt tokens per character before any prompt was tokenized: more than most tokenizers give on
+    # prose (~0.25), so the first requests are weighed heavy rather than light.
+    FIRST_TOKENS_PER_CHAR = 0.5
+
     def __init__(self, prefill_tokens_per_s: float, decode_tokens_per_s: float, max_wait_s: float) -> None:
-        self._prefill_s = 1.0 / prefill_tokens_per_s
+        self.prefill_s = 1.0 / prefill_tokens_per_s
         self._decode_s = 1.0 / decode_tokens_per_s
         self._max_wait_s = max_wait_s
         # Engine seconds of work admitted and not yet done, at the saturated rates, and its tickets.
         self.backlog_s = 0.0
         self.live = 0
+        # Learned from the prompts tokenized so far, to weigh a request before it is tokenized.
+        self.tokens_per_char = self.FIRST_TOKENS_PER_CHAR
+
+    def estimate_tokens(self, chars: int) -> int:
+        return math.ceil(chars * self.tokens_per_char)
+
+    def learn(self, chars: int, tokens: int) -> None:
+        """A prompt of `chars` characters was `tokens` tokens: a moving average, so the weight follows the traffic."""
+        if chars > 0:
+            self.tokens_per_char += 0.2 * (tokens / chars - self.tokens_per_char)
 
     def admit(self, prompt_tokens: int, max_tokens: int, deadline_s: float | None = None) -> WorkTicket:
         """A ticket for the request, or OverloadedError (`expected_wait`) when the backlog with it would
         take longer than `max_wait_s` or the `deadline_s` left to the request. An idle engine admits any
         request: one larger than the whole budget would otherwise never run."""
-        own = prompt_tokens * self._prefill_s + max_tokens * self._decode_s
+        own = prompt_tokens * self.prefill_s + max_tokens * self._decode_s
         limit = min(self._max_wait_s, math.inf if deadline_s is None else deadline_s)
         if self.live and self.backlog_s + own > limit:
             raise OverloadedError(
@@ -76,4 +102,4 @@ class WorkGate:
                 stage="ingress",
                 reason="expected_wait",
             )
-        return WorkTicket(self, prompt_tokens * self._prefill_s, self._decode_s, max_tokens)
+        return WorkTicket(self, prompt_tokens * self.prefill_s, self._decode_s, max_tokens)

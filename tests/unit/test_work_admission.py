@@ -12,7 +12,14 @@ from serve_app.errors import OverloadedError
 from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.pipeline import Services, start_generation
 from serve_app.ingress.work_admission import WorkGate
-from serve_app.messages import GenerateRequest, GenerationChunk, SamplingSpec, TextPrompt, TokenizeRequest
+from serve_app.messages import (
+    GenerateRequest,
+    GenerationChunk,
+    SamplingSpec,
+    TextPrompt,
+    TokenizedPrompt,
+    TokenizeRequest,
+)
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
 
@@ -115,4 +122,48 @@ async def test_the_request_path_holds_work_until_the_stream_ends(
     assert services.work.backlog_s == 0.0
     closed = await start_generation(services, tokenize, spec, "c")
     await closed.close()  # a client gone mid-stream gives its work back too
+    assert services.work.backlog_s == 0.0
+
+
+def test_a_ticket_takes_its_real_size_and_the_gate_learns_tokens_per_char() -> None:
+    g = gate()
+    ticket = g.admit(prompt_tokens=g.estimate_tokens(1000), max_tokens=10)  # 500 tokens guessed: 0.6 s
+    assert g.backlog_s == pytest.approx(0.6)
+    ticket.resize(prompt_tokens=250, max_tokens=20)  # 0.25 + 0.2 s
+    assert g.backlog_s == pytest.approx(0.45)
+    for _ in range(30):
+        g.learn(chars=1000, tokens=250)
+    assert abs(g.estimate_tokens(1000) - 250) <= 1
+
+
+class CountingTokenizer(LocalTokenizer):
+    def __init__(self, stage: TokenizerStage) -> None:
+        super().__init__(stage)
+        self.calls = 0
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        self.calls += 1
+        return await super().tokenize(request)
+
+
+async def test_a_request_is_refused_before_the_tokenizer_sees_it(
+    app_args: AppArgs, tokenizer_stage: TokenizerStage
+) -> None:
+    admission = AdmissionConfig(prefill_tokens_per_s=150, decode_tokens_per_s=1e6, max_wait_s=1.0)
+    tokenizer = CountingTokenizer(tokenizer_stage)
+    services = Services.create(app_args.model_copy(update={"admission": admission}), tokenizer, FakeLLM())
+    assert services.work is not None
+    ahead = services.work.admit(prompt_tokens=100, max_tokens=0)  # 0.67 s of admitted work, not yet started
+
+    def spec(budget: int) -> SamplingSpec:
+        return SamplingSpec(max_tokens=min(budget, 2))
+
+    ids = TokenizeRequest(TextPrompt(token_ids=list(range(10, 110))), add_special_tokens=False)  # 0.67 s, exact
+    with pytest.raises(OverloadedError):
+        await start_generation(services, ids, spec, "late")
+    assert tokenizer.calls == 0
+    ahead.release()
+    stream = await start_generation(services, ids, spec, "in-time")
+    assert tokenizer.calls == 1
+    await stream.close()
     assert services.work.backlog_s == 0.0
