@@ -66,9 +66,10 @@ class WorkTicket:
 
 
 class WorkGate:
-    # Prompt tokens per character before any prompt was tokenized: more than most tokenizers give on
-    # prose (~0.25), so the first requests are weighed heavy rather than light.
-    FIRST_TOKENS_PER_CHAR = 0.5
+    # Prompt tokens per character before any prompt was tokenized, as in a burst on a cold server:
+    # English prose is ~0.25 for Llama-3's tokenizer; the tiny local model's gives 0.22 on the bench's
+    # prompts and 0.37 on this repository's README. A little heavy rather than light.
+    FIRST_TOKENS_PER_CHAR = 0.3
 
     def __init__(self, prefill_tokens_per_s: float, decode_tokens_per_s: float, max_wait_s: float) -> None:
         self.prefill_s = 1.0 / prefill_tokens_per_s

@@ -127,8 +127,8 @@ async def test_the_request_path_holds_work_until_the_stream_ends(
 
 def test_a_ticket_takes_its_real_size_and_the_gate_learns_tokens_per_char() -> None:
     g = gate()
-    ticket = g.admit(prompt_tokens=g.estimate_tokens(1000), max_tokens=10)  # 500 tokens guessed: 0.6 s
-    assert g.backlog_s == pytest.approx(0.6)
+    ticket = g.admit(prompt_tokens=g.estimate_tokens(1000), max_tokens=10)  # 300 tokens guessed: 0.4 s
+    assert g.backlog_s == pytest.approx(0.4)
     ticket.resize(prompt_tokens=250, max_tokens=20)  # 0.25 + 0.2 s
     assert g.backlog_s == pytest.approx(0.45)
     for _ in range(30):
