@@ -22,7 +22,7 @@ from typing import Any
 import psutil
 import yaml
 
-from deployments.stop import stop_serve
+from deployments.stop import remove_orphaned_engine_files, shm_files, stop_serve
 from load.serve_config import HEALTH_IMPORT_PATH, pin_local_paths
 
 logger = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
     use_free_serve_ports(os.environ)
     # As the Makefile sets it for `ray start` (deployments.graph.check_transport_fits says why).
     os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(64 * 2**20))
+    shm_before = shm_files()
     ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
     # After ray.init, which installs its node's own SIGTERM handler: that one tears the cluster down at
     # once (measured: streams cut with error events, the raylet SIGKILLed after its 1 s of grace, and its
@@ -99,6 +100,9 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
             stop_serve()  # in-flight streams finish before Serve and Ray go
         finally:
             stop_cluster(ray.shutdown, psutil.Process().children(recursive=True))
+            # As `make stop` does: an engine worker that missed vLLM's exit grace was SIGKILLed with its
+            # shared-memory queue still in /dev/shm (seen on a CI machine: one psm_ file).
+            remove_orphaned_engine_files(shm_before)
 
 
 def stop_cluster(shutdown: Callable[[], None], cluster: list[psutil.Process], grace_s: float = 10.0) -> None:
