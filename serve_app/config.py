@@ -372,29 +372,6 @@ class ConfigError(ValueError):
     """Invalid application arguments; the message names every bad field."""
 
 
-class GraphHealthArgs(_Strict):
-    """The `args:` of the graph's `/health` application (`deployments.health:build_health_app`)."""
-
-    applications: list[str] = Field(
-        min_length=1, description="Names of the applications (of this config) whose ingress and stages it watches."
-    )
-
-    @model_validator(mode="after")
-    def _distinct(self) -> GraphHealthArgs:
-        if len(set(self.applications)) != len(self.applications):
-            raise ValueError(f"applications must be distinct, got {self.applications}")
-        return self
-
-    poll_interval_s: float = Field(default=1.0, gt=0.0, le=60.0, description="How often it asks each ingress.")
-    timeout_s: float = Field(
-        default=5.0,
-        gt=0.0,
-        le=60.0,
-        description="Time an ingress has to answer; past it the application is unhealthy (a hung ingress). "
-        "Above the ingress's worst answer time under overload, or `/health` flaps red under load.",
-    )
-
-
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
 

@@ -13,12 +13,37 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
+from pydantic import Field, model_validator
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from serve_app.config import GraphHealthArgs
+from serve_app.config import _Strict
 from serve_app.errors import ServiceUnavailableError
 from serve_app.ingress.health import Check, HealthMonitor
+
+
+class GraphHealthArgs(_Strict):
+    """The `args:` of the graph's `/health` application (`deployments.health:build_health_app`)."""
+
+    applications: list[str] = Field(
+        min_length=1, description="Names of the applications (of this config) whose ingress and stages it watches."
+    )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> GraphHealthArgs:
+        if len(set(self.applications)) != len(self.applications):
+            raise ValueError(f"applications must be distinct, got {self.applications}")
+        return self
+
+    poll_interval_s: float = Field(default=1.0, gt=0.0, le=60.0, description="How often it asks each ingress.")
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=60.0,
+        description="Time an ingress has to answer; past it the application is unhealthy (a hung ingress). "
+        "Above the ingress's worst answer time under overload, or `/health` flaps red under load.",
+    )
+
 
 # What an application's ingress reports: (all stages ok, {stage: "ok" or what failed}).
 Report = tuple[bool, dict[str, str]]

@@ -7,8 +7,7 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from serve_app.config import GraphHealthArgs
-from serve_app.graph_health import GraphHealthApp, Report
+from serve_app.graph_health import GraphHealthApp, GraphHealthArgs, Report
 
 
 def reporting(*reports: Report | BaseException | None) -> Callable[[], Awaitable[Report]]:
