@@ -16,7 +16,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer, HandleVocoder
 from serve_app.config import AppArgs
 from serve_app.ingress.app import create_app
-from serve_app.ingress.pipeline import Services
+from serve_app.ingress.services import Services
 
 
 @serve.deployment(name="ingress", max_ongoing_requests=512, max_queued_requests=1024,

@@ -16,7 +16,7 @@ from load.serve_config import load_in_process
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.ingress.app import create_app
 from serve_app.ingress.clients import LocalLLM, LocalMultimodal, LocalTokenizer, LocalVocoder, TokenizerClient
-from serve_app.ingress.pipeline import Services
+from serve_app.ingress.services import Services
 from serve_app.messages import TokenizedPrompt, TokenizeRequest
 from serve_app.stages.llm import LLMStage
 from serve_app.stages.multimodal import MultimodalStage

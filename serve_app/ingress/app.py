@@ -29,8 +29,8 @@ from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
 from serve_app.ingress.deadline import Deadline, request_deadline
 from serve_app.ingress.paths import KNOWN_PATHS, route_path
-from serve_app.ingress.pipeline import Services
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
+from serve_app.ingress.services import Services
 from serve_app.ingress.speech.protocol import SpeechRequest, VoiceList
 from serve_app.ingress.speech.serving import create_speech, list_voices
 from serve_app.ingress.tokenize import serving as tokenize_serving

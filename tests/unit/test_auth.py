@@ -14,7 +14,7 @@ from starlette.types import Message, Receive, Scope, Send
 from serve_app.config import AuthConfig, ConfigError, parse_app_args
 from serve_app.ingress.app import create_app
 from serve_app.ingress.auth import ApiKeyAuth, load_keys
-from serve_app.ingress.pipeline import Services
+from serve_app.ingress.services import Services
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter
 from serve_app.config import LimitsConfig
 from serve_app.errors import BadRequestError, DeadlineExceededError
 from serve_app.ingress.deadline import HEADER, Deadline, request_deadline, within
-from serve_app.ingress.pipeline import Services
+from serve_app.ingress.services import Services
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, TextPrompt, TokenizeRequest
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import MODEL_NAME, FakeLLM

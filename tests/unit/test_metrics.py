@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from fastapi.testclient import TestClient
 
-from serve_app.ingress.pipeline import Services
+from serve_app.ingress.services import Services
 from serve_app.messages import GenerateRequest, GenerationChunk
 from tests.unit.conftest import MODEL_NAME, FakeLLM
 

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from serve_app.ingress.app import create_app
 from serve_app.ingress.paths import GENERATION_PATHS, route_path
-from serve_app.ingress.pipeline import Services
+from serve_app.ingress.services import Services
 
 
 @pytest.mark.parametrize(

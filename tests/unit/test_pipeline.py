@@ -1,4 +1,4 @@
-"""serve_app/ingress/pipeline.py: merging streams, the request checks, start_stream, headers."""
+"""serve_app/ingress/{generation,validation,streams,responses}.py: merge, request checks, start_stream."""
 
 from __future__ import annotations
 
@@ -10,17 +10,12 @@ import pytest
 
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, EngineDeadError, NotFoundError
-from serve_app.ingress.pipeline import (
-    ChoiceState,
-    Services,
-    check_limits,
-    check_model,
-    merge,
-    new_request_id,
-    start_stream,
-    timing_headers,
-)
+from serve_app.ingress.generation import start_stream
 from serve_app.ingress.protocol import SamplingRequest
+from serve_app.ingress.responses import new_request_id, timing_headers
+from serve_app.ingress.services import Services
+from serve_app.ingress.streams import ChoiceState, merge
+from serve_app.ingress.validation import check_limits, check_model
 from serve_app.messages import ChoiceDelta, GenerationChunk, TextPrompt, TokenizedPrompt, TokenLogprob
 
 

@@ -10,7 +10,8 @@ import pytest
 from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OverloadedError
 from serve_app.ingress.clients import LocalTokenizer
-from serve_app.ingress.pipeline import Services, start_generation
+from serve_app.ingress.generation import start_generation
+from serve_app.ingress.services import Services
 from serve_app.ingress.work_admission import WorkGate
 from serve_app.messages import (
     GenerateRequest,

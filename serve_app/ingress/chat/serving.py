@@ -1,4 +1,4 @@
-"""`/v1/chat/completions`: the chat request path (see `pipeline.py` for the numbered steps)."""
+"""`/v1/chat/completions`: the chat request path (see `generation.py` for the numbered steps)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,11 @@ from starlette.responses import JSONResponse, StreamingResponse
 from serve_app.ingress import sse
 from serve_app.ingress.chat.protocol import ChatCompletionRequest, ChatMessage, ImagePart
 from serve_app.ingress.deadline import Deadline
-from serve_app.ingress.pipeline import (
-    ChoiceState,
-    Services,
-    Stream,
-    check_limits,
-    check_model,
-    new_request_id,
-    start_stream,
-    timing_headers,
-)
+from serve_app.ingress.generation import Stream, start_stream
+from serve_app.ingress.responses import new_request_id, timing_headers
+from serve_app.ingress.services import Services
+from serve_app.ingress.streams import ChoiceState
+from serve_app.ingress.validation import check_limits, check_model
 from serve_app.messages import ChatPrompt, TokenLogprob
 
 

@@ -1,4 +1,4 @@
-"""`/v1/completions`: the text completion path (see `pipeline.py` for the numbered steps).
+"""`/v1/completions`: the text completion path (see `generation.py` for the numbered steps).
 
 A list of prompts becomes one tokenizer call and one engine request per prompt, started together;
 choice `i` of prompt `p` is reported as index `p * n + i`, as OpenAI and vLLM do.
@@ -18,17 +18,11 @@ from serve_app.ingress import sse
 from serve_app.ingress.chat.serving import usage
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.deadline import Deadline, within
-from serve_app.ingress.pipeline import (
-    ChoiceState,
-    Services,
-    Stream,
-    check_limits,
-    check_model,
-    merge,
-    new_request_id,
-    start_stream,
-    timing_headers,
-)
+from serve_app.ingress.generation import Stream, start_stream
+from serve_app.ingress.responses import new_request_id, timing_headers
+from serve_app.ingress.services import Services
+from serve_app.ingress.streams import ChoiceState, merge
+from serve_app.ingress.validation import check_limits, check_model
 from serve_app.messages import TextPrompt, TokenLogprob
 
 

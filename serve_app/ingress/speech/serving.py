@@ -42,9 +42,12 @@ from serve_app.errors import BadRequestError, OverloadedError
 from serve_app.ingress import sse
 from serve_app.ingress.clients import VocoderClient
 from serve_app.ingress.deadline import Deadline, deadline_at, within
-from serve_app.ingress.pipeline import Services, Stream, check_model, new_request_id, start_generation, timing_headers
+from serve_app.ingress.generation import Stream, start_generation
+from serve_app.ingress.responses import new_request_id, timing_headers
+from serve_app.ingress.services import Services
 from serve_app.ingress.slots import Slots
 from serve_app.ingress.speech.protocol import SpeechRequest, VoiceList
+from serve_app.ingress.validation import check_model
 from serve_app.messages import AudioChunk, SamplingSpec, SpeechPrompt, TokenizeRequest, VocodeRequest
 
 # Frames of a token chunk that has not completed a frame are kept by FrameAssembler; a talker may

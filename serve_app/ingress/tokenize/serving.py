@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from serve_app import messages
 from serve_app.ingress.chat.serving import split_images
-from serve_app.ingress.pipeline import Services, check_model
+from serve_app.ingress.services import Services
 from serve_app.ingress.tokenize.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
+from serve_app.ingress.validation import check_model
 
 
 async def tokenize(services: Services, request: TokenizeRequest) -> TokenizeResponse:

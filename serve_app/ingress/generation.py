@@ -17,25 +17,18 @@ carry to the stages, and counted in the per-stage in-flight gauge.
 
 from __future__ import annotations
 
-import asyncio
 import time
-import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
-from serve_app.codecs.orpheus import OrpheusLayout
-from serve_app.config import AppArgs
-from serve_app.errors import BadRequestError, DeadlineExceededError, EngineDeadError, NotFoundError
-from serve_app.ingress.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
+from serve_app.errors import BadRequestError, DeadlineExceededError, EngineDeadError
 from serve_app.ingress.deadline import Deadline, deadline_at, within
-from serve_app.ingress.health import HealthMonitor
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.protocol import SamplingRequest
-from serve_app.ingress.slots import Slots
-from serve_app.ingress.work_admission import WorkGate, WorkTicket
+from serve_app.ingress.services import Services
+from serve_app.ingress.work_admission import WorkTicket
 from serve_app.messages import (
     ChatPrompt,
-    ChoiceDelta,
     GenerateRequest,
     GenerationChunk,
     ImagesRequest,
@@ -44,62 +37,7 @@ from serve_app.messages import (
     SpeechPrompt,
     TextPrompt,
     TokenizeRequest,
-    TokenLogprob,
 )
-
-
-@dataclass
-class Services:
-    """What the ingress needs: the config, the stages and its own metrics and health."""
-
-    args: AppArgs
-    tokenizer: TokenizerClient
-    llm: LLMClient
-    metrics: IngressMetrics
-    health: HealthMonitor
-    # None: the model takes text only.
-    multimodal: MultimodalClient | None = None
-    # None: the model does not speak.
-    vocoder: VocoderClient | None = None
-    # The talker's token layout, asked of the tokenizer stage at the first speech request.
-    speech_layout: OrpheusLayout | None = None
-    # Stages this process owns (in-process stages only; deployments clean up after themselves).
-    closers: list[Callable[[], Awaitable[None] | None]] = field(default_factory=list)
-    # Speech streams of this replica: `tts.max_streams` speaking, `tts.max_waiting_streams` waiting.
-    speech_slots: Slots = field(init=False)
-    # Admission by work (`admission.prefill_tokens_per_s`/`decode_tokens_per_s`); None: by count only.
-    work: WorkGate | None = field(init=False)
-
-    def __post_init__(self) -> None:
-        tts = self.args.tts
-        self.speech_slots = Slots(tts.max_streams, tts.max_waiting_streams) if tts else Slots(0, 0)
-        admission = self.args.admission
-        self.work = None
-        if admission.prefill_tokens_per_s is not None and admission.decode_tokens_per_s is not None:
-            self.work = WorkGate(admission.prefill_tokens_per_s, admission.decode_tokens_per_s, admission.max_wait_s)
-
-    @classmethod
-    def create(
-        cls,
-        args: AppArgs,
-        tokenizer: TokenizerClient,
-        llm: LLMClient,
-        multimodal: MultimodalClient | None = None,
-        vocoder: VocoderClient | None = None,
-    ) -> Services:
-        checks = {"tokenizer": tokenizer.check_health, "llm": llm.check_health}
-        for name, stage in (("multimodal", multimodal), ("vocoder", vocoder)):
-            if stage is not None:
-                checks[name] = stage.check_health
-        monitor = HealthMonitor(checks, args.health.poll_interval_s, args.health.timeout_s)
-        return cls(args, tokenizer, llm, IngressMetrics(), monitor, multimodal, vocoder)
-
-    async def close(self) -> None:
-        await self.health.stop()
-        for close in reversed(self.closers):
-            result = close()
-            if result is not None:
-                await result
 
 
 @dataclass
@@ -135,25 +73,6 @@ class Stream:
         close = getattr(self.rest, "aclose", None)
         if close is not None:
             await close()
-
-
-def check_model(services: Services, requested: str | None) -> str:
-    name = services.args.model.name
-    if requested is not None and requested != name:
-        raise NotFoundError(f"The model `{requested}` does not exist.", param="model", code="model_not_found")
-    return name
-
-
-def check_limits(services: Services, request: SamplingRequest, logprobs: int | None) -> None:
-    limits = services.args.limits
-    if request.n > limits.max_n:
-        raise BadRequestError(f"n must be at most {limits.max_n}, got {request.n}.", param="n")
-    if logprobs is not None and logprobs > limits.max_logprobs:
-        raise BadRequestError(f"logprobs must be at most {limits.max_logprobs}, got {logprobs}.", param="logprobs")
-    if limits.max_tokens is not None and request.max_tokens is not None and request.max_tokens > limits.max_tokens:
-        raise BadRequestError(
-            f"max_tokens must be at most {limits.max_tokens}, got {request.max_tokens}.", param="max_tokens"
-        )
 
 
 async def process_images(
@@ -305,69 +224,3 @@ async def _in_flight(
             close = getattr(chunks, "aclose", None)
             if close is not None:
                 await close()
-
-
-def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def timing_headers(timings: dict[str, float]) -> dict[str, str]:
-    """Per-stage time in milliseconds, as `X-<Stage>-Time` headers."""
-    names = {"multimodal": "X-Multimodal-Time", "tokenizer": "X-Tokenizer-Time",
-             "llm_first_chunk": "X-LLM-First-Chunk-Time", "llm_engine": "X-LLM-Engine-Time",
-             "first_token": "X-First-Token-Time", "vocoder_first_chunk": "X-Vocoder-First-Chunk-Time",
-             "llm": "X-LLM-Time", "total": "X-Total-Time"}  # fmt: skip
-    return {names[k]: f"{v * 1000:.3f}" for k, v in timings.items() if k in names}
-
-
-async def merge(streams: list[AsyncIterator[GenerationChunk]]) -> AsyncIterator[tuple[int, GenerationChunk]]:
-    """Chunks of several streams as they arrive, tagged with the stream's position."""
-    if len(streams) == 1:
-        async for chunk in streams[0]:
-            yield 0, chunk
-        return
-    queue: asyncio.Queue[tuple[int, GenerationChunk | BaseException | None]] = asyncio.Queue()
-
-    async def pump(i: int, stream: AsyncIterator[GenerationChunk]) -> None:
-        try:
-            async for chunk in stream:
-                await queue.put((i, chunk))
-        except Exception as exc:  # handed to the consumer below, which re-raises it
-            await queue.put((i, exc))
-        await queue.put((i, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(streams)
-        while remaining:
-            i, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-@dataclass
-class ChoiceState:
-    """One choice accumulated over a whole generation (non-streaming responses, usage)."""
-
-    text: list[str] = field(default_factory=list)
-    num_tokens: int = 0
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-    def add(self, delta: ChoiceDelta) -> None:
-        self.text.append(delta.text)
-        self.num_tokens += len(delta.token_ids)
-        if delta.logprobs:
-            self.logprobs.extend(delta.logprobs)
-        if delta.finish_reason is not None:
-            self.finish_reason = delta.finish_reason
-            self.stop_reason = delta.stop_reason

@@ -1,0 +1,26 @@
+"""Step 1 of the request path (`generation.py`): the request checked against its model's config."""
+
+from __future__ import annotations
+
+from serve_app.errors import BadRequestError, NotFoundError
+from serve_app.ingress.protocol import SamplingRequest
+from serve_app.ingress.services import Services
+
+
+def check_model(services: Services, requested: str | None) -> str:
+    name = services.args.model.name
+    if requested is not None and requested != name:
+        raise NotFoundError(f"The model `{requested}` does not exist.", param="model", code="model_not_found")
+    return name
+
+
+def check_limits(services: Services, request: SamplingRequest, logprobs: int | None) -> None:
+    limits = services.args.limits
+    if request.n > limits.max_n:
+        raise BadRequestError(f"n must be at most {limits.max_n}, got {request.n}.", param="n")
+    if logprobs is not None and logprobs > limits.max_logprobs:
+        raise BadRequestError(f"logprobs must be at most {limits.max_logprobs}, got {logprobs}.", param="logprobs")
+    if limits.max_tokens is not None and request.max_tokens is not None and request.max_tokens > limits.max_tokens:
+        raise BadRequestError(
+            f"max_tokens must be at most {limits.max_tokens}, got {request.max_tokens}.", param="max_tokens"
+        )
