@@ -5,6 +5,11 @@
        ├────(stream)─> llm
        └────(unary)──> vocoder      (only with a `tts:` block: speech models)
 
+One ingress for every model of `args.models` (serve_app/graph_args.py), which routes each request by
+its `model`; each model has stages of its own, deployments named `<served_model_name>-<stage>`
+(`tiny-chat-tokenizer`, `tiny-llava-multimodal`, ...), which the YAML's `deployments:` list
+configures by those names. The single-model `args:` form keeps the bare stage names (`tokenizer`,
+`llm`, ...), as configs written for one model per application have them.
 Each stage is a class in `serve_app/stages/`, a deployment in `deployments/`, a handle passed to the
 ingress.
 """
@@ -21,24 +26,40 @@ from deployments.llm import LLM
 from deployments.multimodal import Multimodal
 from deployments.tokenizer import Tokenizer
 from deployments.vocoder import Vocoder
-from serve_app.config import AppArgs, ConfigError, parse_app_args
+from serve_app.config import AppArgs, ConfigError
+from serve_app.graph_args import GraphArgs, deployment_name, parse_graph_args
 
 TRANSPORT_LIMIT_ENV = "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"
 
 
-def build_app(args: dict[str, Any] | AppArgs) -> Application:
+def build_app(args: dict[str, Any] | AppArgs | GraphArgs) -> Application:
     """Validate the YAML `args:` (fails naming the bad field) and bind the graph."""
-    app_args = parse_app_args(args)
-    check_transport_fits(
-        app_args, constants.RAY_SERVE_USE_GRPC_BY_DEFAULT, constants.RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH
-    )
+    graph = parse_graph_args(args)
+    for model in graph.models:
+        check_transport_fits(
+            model, constants.RAY_SERVE_USE_GRPC_BY_DEFAULT, constants.RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH
+        )
+    prefixed = isinstance(args, GraphArgs) or (isinstance(args, dict) and "models" in args)
+    stages = {model.model.name: bind_stages(model, prefixed) for model in graph.models}
+    return cast(Deployment, Ingress).bind(graph, stages)
+
+
+def bind_stages(args: AppArgs, prefixed: bool = True) -> dict[str, Application]:
+    """One model's stage deployments, bound to its args; named `deployment_name(model, stage)`, or
+    the bare stage name with `prefixed=False` (the single-model form)."""
     # `@serve.deployment` turns each class into a Deployment; mypy still sees the class.
-    ingress, tokenizer, llm, multimodal, vocoder = (
-        cast(Deployment, d) for d in (Ingress, Tokenizer, LLM, Multimodal, Vocoder)
-    )
-    images = multimodal.bind(app_args) if app_args.multimodal is not None else None
-    speech = vocoder.bind(app_args) if app_args.tts is not None else None
-    return ingress.bind(app_args, tokenizer.bind(app_args), llm.bind(app_args), images, speech)
+    classes = {"tokenizer": Tokenizer, "llm": LLM}
+    if args.multimodal is not None:
+        classes["multimodal"] = Multimodal
+    if args.tts is not None:
+        classes["vocoder"] = Vocoder
+    bound = {}
+    for stage, cls in classes.items():
+        deployment = cast(Deployment, cls)
+        if prefixed:
+            deployment = deployment.options(name=deployment_name(args.model.name, stage))
+        bound[stage] = deployment.bind(args)
+    return bound
 
 
 def check_transport_fits(args: AppArgs, grpc: bool, max_message_bytes: int) -> None:

@@ -1,8 +1,8 @@
-"""Ingress deployment: the FastAPI app of `serve_app.ingress`, wired to the stage deployments.
+"""Ingress deployment: the FastAPI app of `serve_app.ingress`, wired to each model's stage deployments.
 
-It parses, validates, admits and streams; the CPU-heavy work runs in the tokenizer and llm
-deployments (and the multimodal and vocoder ones for images and speech), so this replica's event
-loop stays free to answer `/health` under load.
+It parses, validates, admits, routes by `model` and streams; the CPU-heavy work runs in each model's
+tokenizer and llm deployments (and the multimodal and vocoder ones for images and speech), so this
+replica's event loop stays free to answer `/health` under load.
 """
 
 from __future__ import annotations
@@ -15,37 +15,45 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer, HandleVocoder
 from serve_app.config import AppArgs
+from serve_app.graph_args import GraphArgs
 from serve_app.ingress.app import create_app
+from serve_app.ingress.router import ModelRouter
 from serve_app.ingress.services import Services
+
+# One model's stage handles by stage name: tokenizer and llm always, multimodal and vocoder if it has them.
+StageHandles = dict[str, DeploymentHandle[Any]]
 
 
 @serve.deployment(name="ingress", max_ongoing_requests=512, max_queued_requests=1024,
                   ray_actor_options={"num_cpus": 0.5})  # fmt: skip
 @serve.ingress()
 class Ingress:
-    def __init__(
-        self,
-        args: AppArgs,
-        tokenizer: DeploymentHandle[Any],
-        llm: DeploymentHandle[Any],
-        multimodal: DeploymentHandle[Any] | None = None,
-        vocoder: DeploymentHandle[Any] | None = None,
-    ) -> None:
-        def stage_lost(stage: str, detail: str) -> None:
-            # Called only once requests flow, after `self._services` exists.
-            self._services.health.mark_failed(stage, detail)
+    def __init__(self, args: GraphArgs, stages: dict[str, StageHandles]) -> None:
+        models = [self._services(model, stages[model.model.name]) for model in args.models]
+        self._router = ModelRouter(models, args.auth)
 
-        self._services = Services.create(
+    @staticmethod
+    def _services(args: AppArgs, handles: StageHandles) -> Services:
+        services: Services | None = None
+
+        def stage_lost(stage: str, detail: str) -> None:
+            # Called only once requests flow, after `services` exists.
+            assert services is not None
+            services.health.mark_failed(stage, detail)
+
+        multimodal, vocoder = handles.get("multimodal"), handles.get("vocoder")
+        services = Services.create(
             args,
-            HandleTokenizer(tokenizer, stage_lost),
-            HandleLLM(llm, stage_lost),
+            HandleTokenizer(handles["tokenizer"], stage_lost),
+            HandleLLM(handles["llm"], stage_lost),
             HandleMultimodal(multimodal, stage_lost) if multimodal is not None else None,
             HandleVocoder(vocoder, stage_lost) if vocoder is not None else None,
         )
+        return services
 
     async def health_report(self) -> tuple[bool, dict[str, str]]:
         """For the graph's `/health` app: answered on this replica's event loop, so a hung ingress fails it."""
-        return self._services.health.report()
+        return self._router.health_report()
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        return create_app(self._services)
+        return create_app(self._router)

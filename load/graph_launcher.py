@@ -1,10 +1,10 @@
-"""The graph as a benchmark target: one Serve application of a config, on its own local Ray cluster.
+"""The graph as a benchmark target: one model of a config, on its own local Ray cluster.
 
-`load.bench --start graph:CONFIG[@APP]` runs this in a child process; SIGTERM shuts Serve and the
+`load.bench --start graph:CONFIG[@MODEL]` runs this in a child process; SIGTERM shuts Serve and the
 cluster down again. `ray.init(address="local")` starts a cluster owned by this process, so stopping
 it never touches another Ray on the machine (e.g. one that `make serve` started), and its workers
 inherit this process's environment: `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, as the Makefile sets it.
-`python -m load.graph_launcher --config configs/cpu-tiny.yaml --app vision-app --port 8100`
+`python -m load.graph_launcher --config configs/cpu-tiny.yaml --app tiny-llava --port 8100`
 """
 
 from __future__ import annotations
@@ -23,22 +23,15 @@ import psutil
 import yaml
 
 from deployments.stop import remove_orphaned_engine_files, shm_files, stop_serve
-from load.serve_config import HEALTH_IMPORT_PATH, pin_local_paths
+from load.serve_config import pin_local_paths, select
 
 logger = logging.getLogger(__name__)
 
 
-def one_app_config(config_path: str, app: str | None, port: int) -> dict[str, Any]:
-    """The config with only application `app` (default: the first), served on 127.0.0.1:`port`."""
-    config: dict[str, Any] = yaml.safe_load(Path(config_path).read_text())
-    apps = config["applications"]
-    chosen = [a for a in apps if a["name"] == app] if app is not None else apps[:1]
-    if not chosen:
-        raise SystemExit(f"{config_path} has no application {app!r}; it has {[a['name'] for a in apps]}")
-    # ... and the `/health` application, watching that one only.
-    health = [{**a, "args": {**a["args"], "applications": [chosen[0]["name"]]}} for a in apps
-              if a["import_path"] == HEALTH_IMPORT_PATH]  # fmt: skip
-    config["applications"] = chosen + health
+def one_app_config(config_path: str, name: str | None, port: int) -> dict[str, Any]:
+    """The config serving one model (`load.serve_config.select`: a model or an application of it; default
+    the first model) and its `/health` application, on 127.0.0.1:`port`."""
+    config = select(yaml.safe_load(Path(config_path).read_text()), name, config_path)
     config["http_options"] = {**config.get("http_options", {}), "host": "127.0.0.1", "port": port}
     return pin_local_paths(config, Path.cwd())
 
@@ -125,7 +118,7 @@ def stop_cluster(shutdown: Callable[[], None], cluster: list[psutil.Process], gr
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/cpu-tiny.yaml")
-    parser.add_argument("--app", default=None, help="application of the config (default: the first)")
+    parser.add_argument("--app", default=None, help="model (or application) of the config (default: the first model)")
     parser.add_argument("--port", type=int, required=True)
     opts = parser.parse_args()
     serve_until_terminated(one_app_config(opts.config, opts.app, opts.port))

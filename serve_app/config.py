@@ -291,7 +291,8 @@ class AdmissionConfig(_Strict):
         le=1_000_000,
         description="Generation requests (chat, completions, speech) one ingress replica holds at once, streams "
         "included; more are refused (reason `ingress_full`). Set it below the ingress deployment's "
-        "`max_ongoing_requests`, whose overflow Serve's proxy refuses with a plain-text 503. Unset: no limit here.",
+        "`max_ongoing_requests`, whose overflow Serve's proxy refuses with a plain-text 503. Unset: no limit here. "
+        "With several models one ingress holds them all: its bound is the sum of the models' limits.",
     )
     prefill_tokens_per_s: float | None = Field(
         default=None,

@@ -1,9 +1,10 @@
 """Targets the benchmark starts itself (`--start KIND[:ARG]`), stopped when the run ends.
 
 Kinds: `graph` (this project on a Ray cluster of its own), `baseline` (its stages in one process) and
-`vllm` (`vllm serve` of the same model). For each, ARG is `CONFIG[@APP]`: a Serve config file
-(default configs/cpu-tiny.yaml) and the name of one of its applications (default the first), e.g.
-`graph:configs/cpu-tiny.yaml@vision-app`, `vllm:configs/cpu-tiny.yaml@vision-app` or `baseline:@vision-app`.
+`vllm` (`vllm serve` of the same model). For each, ARG is `CONFIG[@MODEL]`: a Serve config file
+(default configs/cpu-tiny.yaml) and one of its models (default the first; an application's name also
+selects, in configs with one model per application: `load/serve_config.py`), e.g.
+`graph:configs/cpu-tiny.yaml@tiny-llava`, `vllm:configs/cpu-tiny.yaml@tiny-llava` or `baseline:@tiny-llava`.
 `LAUNCHERS` maps a kind to a function of its optional argument that says how to start it (command
 line, URL once up); every kind stops on SIGTERM to its process group.
 """
@@ -46,13 +47,13 @@ DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
 
 
 def config_and_app(arg: str | None) -> tuple[str, str | None]:
-    """`CONFIG[@APP]` -> (config file, application name or None for the first one)."""
+    """`CONFIG[@MODEL]` -> (config file, model or application name, or None for the first model)."""
     config, _, app = (arg or "").partition("@")
     return config or DEFAULT_CONFIG, app or None
 
 
 def baseline(arg: str | None) -> LaunchSpec:
-    """The single-process baseline (`load/baseline.py`) of a config's application, on a free port."""
+    """The single-process baseline (`load/baseline.py`) of a config's model, on a free port."""
     config, app = config_and_app(arg)
     port = free_port()
     command = [*NICE, sys.executable, "-m", "load.baseline", "--port", str(port), "--config", config]
@@ -62,7 +63,7 @@ def baseline(arg: str | None) -> LaunchSpec:
 
 
 def vllm(arg: str | None) -> LaunchSpec:
-    """`vllm serve` of the model of a config's application, with the same engine settings and env vars."""
+    """`vllm serve` of a config's model, with the same engine settings and env vars."""
     from load.serve_config import load_in_process
     from serve_app.stages.engine_placement import cpu_has_native_bf16, resolve_dtype
 
@@ -88,7 +89,7 @@ def vllm(arg: str | None) -> LaunchSpec:
 
 
 def graph(arg: str | None) -> LaunchSpec:
-    """The graph: one application of a config, on a local Ray cluster of its own (`load/graph_launcher.py`).
+    """The graph: one model of a config, on a local Ray cluster of its own (`load/graph_launcher.py`).
 
     Not niced here: Ray already runs the graph's workers at nice 15, and the launcher only waits.
     """

@@ -1,6 +1,7 @@
 """The ingress's HTTP API: thin routes over the endpoint modules, OpenAI-shaped errors, metrics.
 
-`create_app` takes its stages as `Services`, so the same app runs as the Ray Serve ingress
+`create_app` takes each model's stages as `Services` (one, or several in a `ModelRouter`: each
+route picks the request's by its `model`), so the same app runs as the Ray Serve ingress
 (`deployments/ingress.py`), in unit tests with in-process stages, and as a single-process baseline.
 """
 
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -28,8 +29,10 @@ from serve_app.ingress.chat.serving import create_chat_completion
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
 from serve_app.ingress.deadline import Deadline, request_deadline
+from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.paths import KNOWN_PATHS, route_path
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
+from serve_app.ingress.router import Capability, ModelRouter, capabilities
 from serve_app.ingress.services import Services
 from serve_app.ingress.speech.protocol import SpeechRequest, VoiceList
 from serve_app.ingress.speech.serving import create_speech, list_voices
@@ -79,9 +82,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 class _RequestMetrics:
     """Counts requests by endpoint and status, and those in flight (pure ASGI: streams stay intact)."""
 
-    def __init__(self, app: ASGIApp, services: Services) -> None:
+    def __init__(self, app: ASGIApp, metrics: IngressMetrics) -> None:
         self.app = app
-        self.metrics = services.metrics
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -116,31 +119,43 @@ class _RequestMetrics:
                 self.metrics.stage_seconds.labels("total").observe(time.perf_counter() - start)
 
 
-def create_app(services: Services) -> FastAPI:
+def create_app(models: ModelRouter | Services) -> FastAPI:
+    router = models if isinstance(models, ModelRouter) else ModelRouter([models])
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        services.health.start()
+        router.start()
         yield
         # uvicorn runs this on SIGTERM before it re-raises the signal: the last chance to stop an
         # in-process engine, whose child process would otherwise outlive us.
-        await services.close()
+        await router.close()
 
-    def render(error: OpenAIError) -> JSONResponse:
+    def render(error: OpenAIError, services: Services | None = None) -> JSONResponse:
+        """A refusal is counted and answered as the model it was routed to says (the front door's before)."""
         if isinstance(error, OverloadedError):
-            services.metrics.rejections.labels(error.stage, error.reason).inc()
-        return error_response(error, services.args.admission)
+            (services.metrics if services else router.metrics).rejections.labels(error.stage, error.reason).inc()
+        return error_response(error, services.args.admission if services else router.admission)
+
+    def routed(request: Request) -> Services | None:
+        return router.lookup(getattr(request.state, "model", None))
+
+    def pick(request: Request, model: str | None, capability: Capability | None = None) -> Services:
+        """Step 0 of every model's route: its Services, remembered for the error handlers."""
+        services = router.route(model, capability)
+        request.state.model = services.args.model.name
+        return services
 
     app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
     # Outermost last: metrics see every answer; a request without a valid key takes no admission slot.
-    app.add_middleware(BodySizeLimit, max_bytes=services.args.limits.max_request_bytes)
-    app.add_middleware(InFlightLimit, limit=services.args.admission.max_in_flight, render=render)
-    auth = services.args.auth
+    app.add_middleware(BodySizeLimit, max_bytes=router.max_request_bytes)
+    app.add_middleware(InFlightLimit, limit=router.max_in_flight, render=render)
+    auth = router.auth
     app.add_middleware(ApiKeyAuth, keys=load_keys(auth), max_concurrent_per_key=auth.max_concurrent_per_key)
-    app.add_middleware(_RequestMetrics, services=services)
+    app.add_middleware(_RequestMetrics, metrics=router.metrics)
 
     @app.exception_handler(OpenAIError)
-    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return render(exc)
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return render(exc, routed(request))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -160,61 +175,69 @@ def create_app(services: Services) -> FastAPI:
         return JSONResponse({"error": error}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         error = find_openai_error(exc)
         if error is None:
             logger.exception("unhandled error")
             error = OpenAIError(f"Internal error: {type(exc).__name__}")
-        return render(error)
+        return render(error, routed(request))
 
-    def deadline_of(x_request_timeout: Annotated[str | None, Header()] = None) -> Deadline | None:
-        return request_deadline(services.args.limits, x_request_timeout)
-
-    # A default, not an Annotated alias: FastAPI resolves annotations in the module, not this function.
-    with_deadline = Depends(deadline_of)
+    def deadline_of(services: Services, header: str | None) -> Deadline | None:
+        return request_deadline(services.args.limits, header)  # each model's own `limits:`
 
     @app.get("/health", responses={503: {"description": "A stage failed its last check (same body)."}})
     async def health() -> Response:
-        ok, details = services.health.report()
+        ok, details = router.health_report()
         return JSONResponse({"status": "ok" if ok else "unhealthy", "stages": details},
                             status_code=200 if ok else 503)  # fmt: skip
 
     @app.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorResponse}})
     async def models() -> ModelList:
-        cfg = services.args.model
-        return ModelList(data=[ModelCard(id=cfg.name, root=cfg.path, max_model_len=cfg.max_model_len)])
+        cards = [
+            ModelCard(id=name, root=s.args.model.path, max_model_len=s.args.model.max_model_len,
+                      capabilities=capabilities(s))
+            for name, s in router.models.items()
+        ]  # fmt: skip
+        return ModelList(data=cards)
 
     @app.get("/metrics", response_class=PlainTextResponse, responses={401: {"model": ErrorResponse}})
     async def metrics() -> Response:
-        body = services.metrics.render()
-        try:
-            body += (await services.llm.metrics_text()).encode()
-        except Exception as exc:  # the ingress's own metrics must still be served when the llm is down
-            body += f"# llm stage metrics unavailable: {type(exc).__name__}\n".encode()
+        body = await router.render_metrics()
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.post("/v1/chat/completions", responses=_STREAMING)
-    async def chat_completions(request: ChatCompletionRequest, deadline: Deadline | None = with_deadline) -> Any:
-        return await create_chat_completion(services, request, deadline)
+    async def chat_completions(
+        http: Request, request: ChatCompletionRequest, x_request_timeout: Annotated[str | None, Header()] = None
+    ) -> Any:
+        services = pick(http, request.model)
+        return await create_chat_completion(services, request, deadline_of(services, x_request_timeout))
 
     @app.post("/v1/completions", responses=_STREAMING)
-    async def completions(request: CompletionRequest, deadline: Deadline | None = with_deadline) -> Any:
-        return await create_completion(services, request, deadline)
+    async def completions(
+        http: Request, request: CompletionRequest, x_request_timeout: Annotated[str | None, Header()] = None
+    ) -> Any:
+        services = pick(http, request.model)
+        return await create_completion(services, request, deadline_of(services, x_request_timeout))
 
     @app.post("/v1/audio/speech", responses=_ERRORS, response_class=Response)
-    async def speech(request: SpeechRequest, deadline: Deadline | None = with_deadline) -> Response:
-        return await create_speech(services, request, deadline)
+    async def speech(
+        http: Request, request: SpeechRequest, x_request_timeout: Annotated[str | None, Header()] = None
+    ) -> Response:
+        services = pick(http, request.model, "speech")
+        return await create_speech(services, request, deadline_of(services, x_request_timeout))
 
     @app.get("/v1/audio/voices", response_model=VoiceList, responses=_ERRORS)
-    async def voices() -> VoiceList:
-        return list_voices(services)
+    async def voices(
+        http: Request, model: Annotated[str | None, Query(description="A speech model; default: the only one.")] = None
+    ) -> VoiceList:
+        return list_voices(pick(http, model, "speech"))
 
     @app.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
-    async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
-        return await tokenize_serving.tokenize(services, request)
+    async def tokenize(http: Request, request: TokenizeRequest) -> TokenizeResponse:
+        return await tokenize_serving.tokenize(pick(http, request.model), request)
 
     @app.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
-    async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
-        return await tokenize_serving.detokenize(services, request)
+    async def detokenize(http: Request, request: DetokenizeRequest) -> DetokenizeResponse:
+        return await tokenize_serving.detokenize(pick(http, request.model), request)
 
     return app

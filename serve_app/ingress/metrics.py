@@ -6,7 +6,11 @@ per-stage time), so one histogram here covers the whole path without scraping ev
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -55,3 +59,28 @@ class IngressMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Merged(Collector):
+    """Several expositions as one: families of the same name merged, each part's samples labelled."""
+
+    def __init__(self, parts: list[tuple[str | None, bytes]]) -> None:
+        self.parts = parts
+
+    def collect(self) -> Iterable[Metric]:
+        merged: dict[str, Metric] = {}
+        for model, text in self.parts:
+            for family in text_string_to_metric_families(text.decode()):
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                for sample in family.samples:
+                    labels = sample.labels if model is None else {"model": model, **sample.labels}
+                    into.samples.append(sample._replace(labels=labels))
+        return merged.values()
+
+
+def merge_expositions(parts: list[tuple[str | None, bytes]]) -> bytes:
+    """Prometheus texts as one valid exposition (one HELP/TYPE per family); the samples of a part with a
+    name get `model="<name>"`, so the same metric of several models stays apart."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(parts))
+    return generate_latest(registry)

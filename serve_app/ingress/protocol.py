@@ -158,6 +158,10 @@ class ModelCard(BaseModel):
     owned_by: str = "serve-graph"
     root: str | None = None
     max_model_len: int | None = None
+    # Not in OpenAI's card (clients ignore unknown fields): what the model serves behind this base URL.
+    capabilities: list[str] = Field(
+        default_factory=list, description="Of chat, completions, vision (image inputs), speech (/v1/audio/speech)."
+    )
 
 
 class ModelList(BaseModel):

@@ -167,6 +167,7 @@ def test_models(client: TestClient, app_args: Any) -> None:
         "owned_by": "serve-graph",
         "root": app_args.model.path,
         "max_model_len": 128,
+        "capabilities": ["chat", "completions"],
     }
 
 
@@ -217,7 +218,7 @@ def test_metrics_survive_a_down_llm(client: TestClient, fake_llm: Any) -> None:
     response = client.get("/metrics")
     assert response.status_code == 200
     assert "serve_graph_requests_total" in response.text
-    assert "# llm stage metrics unavailable: ConnectionError" in response.text
+    assert "# llm stage metrics unavailable (tiny-chat): ConnectionError" in response.text
 
 
 def test_shutdown_closes_in_process_stages_once(services: Services) -> None:
