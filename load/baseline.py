@@ -46,7 +46,7 @@ class LoopTokenizer:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="configs/cpu-tiny.yaml")
-    parser.add_argument("--app", default=None, help="model (or application) of the config to serve (default: the first model)")
+    parser.add_argument("--app", default=None, help="model (or application) of the config (default: its first model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument(

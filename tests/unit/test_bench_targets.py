@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+import yaml
 
 from load.bench import targets
 
@@ -113,8 +114,8 @@ def test_baseline_command() -> None:
     [
         (None, "configs/cpu-tiny.yaml", None),
         ("configs/other.yaml", "configs/other.yaml", None),
-        ("configs/cpu-tiny.yaml@vision-app", "configs/cpu-tiny.yaml", "vision-app"),
-        ("@vision-app", "configs/cpu-tiny.yaml", "vision-app"),
+        ("configs/cpu-tiny.yaml@tiny-llava", "configs/cpu-tiny.yaml", "tiny-llava"),
+        ("@tiny-llava", "configs/cpu-tiny.yaml", "tiny-llava"),
     ],
 )
 def test_config_and_app(arg: str | None, config: str, app: str | None) -> None:
@@ -122,9 +123,9 @@ def test_config_and_app(arg: str | None, config: str, app: str | None) -> None:
 
 
 def test_baseline_command_selects_the_app() -> None:
-    cmd = targets.baseline("configs/cpu-tiny.yaml@vision-app").command
+    cmd = targets.baseline("configs/cpu-tiny.yaml@tiny-llava").command
     assert cmd[cmd.index("--config") + 1] == "configs/cpu-tiny.yaml"
-    assert cmd[cmd.index("--app") + 1] == "vision-app"
+    assert cmd[cmd.index("--app") + 1] == "tiny-llava"
 
 
 @pytest.fixture
@@ -150,39 +151,54 @@ def test_vllm_command_mirrors_the_graph_config() -> None:
 
 
 @pytest.mark.usefixtures("config_env")
-def test_vllm_command_for_the_vision_app() -> None:
-    cmd = targets.vllm("configs/cpu-tiny.yaml@vision-app").command
+def test_vllm_command_for_the_vision_model() -> None:
+    cmd = targets.vllm("configs/cpu-tiny.yaml@tiny-llava").command
     assert cmd[cmd.index("--served-model-name") + 1] == "tiny-llava"
     assert cmd[cmd.index("--model-impl") + 1] == "transformers"
     assert json.loads(cmd[cmd.index("--limit-mm-per-prompt") + 1]) == {"image": 4}
 
 
-def test_vllm_command_for_an_unknown_app() -> None:
-    with pytest.raises(SystemExit, match="has no application 'nope'"):
+def test_vllm_command_for_an_unknown_model() -> None:
+    with pytest.raises(SystemExit, match="has no model or application 'nope'"):
         targets.vllm("configs/cpu-tiny.yaml@nope")
 
 
-def test_graph_command_and_url_follow_the_app() -> None:
-    spec = targets.graph("configs/cpu-tiny.yaml@vision-app")
+def test_graph_command_and_url_follow_the_model() -> None:
+    spec = targets.graph("configs/cpu-tiny.yaml@tiny-llava")
     assert spec.command[1:3] == ["-m", "load.graph_launcher"]
-    assert spec.command[spec.command.index("--app") + 1] == "vision-app"
+    assert spec.command[spec.command.index("--app") + 1] == "tiny-llava"
     port = spec.command[spec.command.index("--port") + 1]
-    assert spec.url == f"http://127.0.0.1:{port}/vision"
-    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", targets.graph(None).url)  # the first app is at /
+    assert spec.url == f"http://127.0.0.1:{port}"  # every model at the one base URL
+    assert re.fullmatch(r"http://127\.0\.0\.1:\d+", targets.graph(None).url)
+    # An application's prefix, in a config with one model per application.
+    vision = targets.graph("configs/bench-vision-replicas.yaml@vision-app-2mm")
+    assert vision.url.endswith(vision_prefix())
+
+
+def vision_prefix() -> str:
+    config = yaml.safe_load(Path("configs/bench-vision-replicas.yaml").read_text())
+    (app,) = [a for a in config["applications"] if a["name"] == "vision-app-2mm"]
+    return str(app["route_prefix"]).rstrip("/")
 
 
 def test_graph_launcher_keeps_one_app_with_pinned_paths() -> None:
     from load.graph_launcher import one_app_config, route_prefix
 
-    config = one_app_config("configs/cpu-tiny.yaml", "tts-app", 8123)
+    config = one_app_config("configs/cpu-tiny.yaml", "tiny-orpheus", 8123)
     app, health = config["applications"]
-    assert health["name"] == "health-app" and health["args"]["applications"] == ["tts-app"]
-    assert app["name"] == "tts-app" and route_prefix(config) == "/tts"
+    assert health["name"] == "health-app" and health["args"]["applications"] == ["openai"]
+    assert app["name"] == "openai" and route_prefix(config) == ""
     assert config["http_options"] == {"host": "127.0.0.1", "port": 8123}
-    assert Path(app["args"]["model"]["path"]).is_absolute()
-    assert Path(app["args"]["tts"]["codec"]).is_absolute()
-    assert route_prefix(one_app_config("configs/cpu-tiny.yaml", None, 8123)) == ""
-    with pytest.raises(SystemExit, match="no application"):
+    (model,) = app["args"]["models"]  # only the chosen model, and only its deployments
+    assert model["model"]["served_model_name"] == "tiny-orpheus"
+    assert Path(model["model"]["path"]).is_absolute()
+    assert Path(model["tts"]["codec"]).is_absolute()
+    assert [d["name"] for d in app["deployments"]] == [
+        "ingress", "tiny-orpheus-tokenizer", "tiny-orpheus-llm", "tiny-orpheus-vocoder",
+    ]  # fmt: skip
+    (first,) = one_app_config("configs/cpu-tiny.yaml", None, 8123)["applications"][0]["args"]["models"]
+    assert first["model"]["served_model_name"] == "tiny-chat"
+    with pytest.raises(SystemExit, match="no model or application"):
         one_app_config("configs/cpu-tiny.yaml", "nope", 8123)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ray.serve._private.build_app import build_app as serve_build
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.graph import build_app, check_transport_fits
@@ -25,10 +26,13 @@ def load(path: Path) -> dict[str, Any]:
 
 def test_there_are_cpu_defaults_and_gpu_examples() -> None:
     assert {p.name for p in CONFIGS} >= {"cpu-tiny.yaml", "gpu-llama.yaml", "gpu-llava.yaml", "gpu-orpheus.yaml"}
-    apps = {a["name"]: a for a in load(CONFIGS[0].parent / "cpu-tiny.yaml")["applications"]}
-    assert "multimodal" not in apps["llm-app"]["args"]
-    assert "multimodal" in apps["vision-app"]["args"]
-    assert "tts" in apps["tts-app"]["args"]
+    (app,) = graph_apps(load(CONFIGS[0].parent / "cpu-tiny.yaml"))  # one base URL for every model
+    assert app["route_prefix"] == "/"
+    models = {m["model"]["served_model_name"]: m for m in app["args"]["models"]}
+    assert list(models) == ["tiny-chat", "tiny-llava", "tiny-orpheus"]
+    assert "multimodal" not in models["tiny-chat"] and "tts" not in models["tiny-chat"]
+    assert "multimodal" in models["tiny-llava"]
+    assert "tts" in models["tiny-orpheus"]
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -38,11 +42,9 @@ def test_config_is_a_valid_serve_config_with_valid_args(path: Path) -> None:
         if app.import_path == HEALTH_IMPORT_PATH:
             continue  # test_the_health_app_watches_every_graph_app
         assert app.import_path == GRAPH_IMPORT_PATH
-        args = parse_app_args(app.args)
-        names = {d["name"] for d in raw["deployments"]}
-        expected = {"ingress", "tokenizer", "llm"} | ({"multimodal"} if args.multimodal else set())
-        expected |= {"vocoder"} if args.tts else set()
-        assert names == expected
+        # Serve applies the YAML's `deployments:` by name to what the builder binds: the same names, exactly.
+        built = serve_build(build_app(app.args), name=app.name)
+        assert sorted(d["name"] for d in raw["deployments"]) == sorted(d.name for d in built.deployments)
         for deployment in raw["deployments"]:
             assert "max_ongoing_requests" in deployment
             assert "max_queued_requests" in deployment
@@ -71,7 +73,7 @@ def test_the_health_app_names_a_bad_field(apps: list[str]) -> None:
 def test_every_stage_holding_a_stream_waits_as_long_for_it_to_end(path: Path) -> None:
     """Ingress, llm and vocoder hold the same open stream: a shorter grace on any cuts it at shutdown."""
     for raw in graph_apps(load(path)):
-        streaming = [d for d in raw["deployments"] if d["name"] in {"ingress", "llm", "vocoder"}]
+        streaming = [d for d in raw["deployments"] if d["name"].rsplit("-", 1)[-1] in {"ingress", "llm", "vocoder"}]
         graces = {d["name"]: d.get("graceful_shutdown_timeout_s") for d in streaming}
         assert len(set(graces.values())) == 1, f"{raw['name']}: {graces}"
         assert min(v or 0 for v in graces.values()) >= 60, f"{raw['name']}: {graces}"
@@ -80,7 +82,8 @@ def test_every_stage_holding_a_stream_waits_as_long_for_it_to_end(path: Path) ->
 def bound_stages(app: Any) -> list[str]:
     ingress = app._bound_deployment
     assert ingress.name == "ingress"
-    return sorted(arg._bound_deployment.name for arg in ingress.init_args[1:] if arg is not None)
+    stages: dict[str, dict[str, Any]] = ingress.init_args[1]
+    return sorted(stage._bound_deployment.name for model in stages.values() for stage in model.values())
 
 
 def test_builder_binds_three_deployments_for_text(tiny_model_path: Path) -> None:
@@ -133,3 +136,35 @@ def test_the_makefile_leaves_room_for_the_default_body_limit(raw_args: dict[str,
     (line,) = [ln for ln in makefile.splitlines() if ln.startswith("export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH")]
     args = parse_app_args({"model": raw_args["model"]})
     check_transport_fits(args, grpc=True, max_message_bytes=int(line.split(":=")[1]))
+
+
+def test_builder_names_each_models_stages_after_it(tiny_model_path: Path) -> None:
+    model = {"path": str(tiny_model_path), "max_model_len": 256}
+    app = build_app({"models": [
+        {"model": model | {"served_model_name": "text"}},
+        {"model": model | {"served_model_name": "eyes"}, "multimodal": {}},
+        {"model": model | {"served_model_name": "voice"}, "tts": {"codec": "snac", "voices": ["tara"]}},
+    ]})  # fmt: skip
+    assert bound_stages(app) == [
+        "eyes-llm", "eyes-multimodal", "eyes-tokenizer", "text-llm", "text-tokenizer",
+        "voice-llm", "voice-tokenizer", "voice-vocoder",
+    ]  # fmt: skip
+    graph = app._bound_deployment.init_args[0]
+    assert graph.names == ["text", "eyes", "voice"]
+
+
+@pytest.mark.parametrize(
+    ("models", "field"),
+    [
+        ([{"model": {"path": "a", "max_model_len": 512}}, {"model": {"path": "x/a", "max_model_len": 512}}],
+         r"models.1.model.served_model_name: `a` is served twice"),
+        ([{"model": {"path": "m", "served_model_name": "a#b", "max_model_len": 512}}],
+         r"models.0.model.served_model_name: `a#b` must not contain '#'"),
+        ([{"model": {"path": "m", "max_model_len": 512}, "auth": {"api_keys": ["k"]}}], r"models.0.auth"),
+        ([{"model": {"path": "m", "max_model_len": 4}}], r"models.0.model.max_model_len"),
+        ([], "models"),
+    ],
+)  # fmt: skip
+def test_builder_fails_fast_naming_the_models_field(models: list[dict[str, Any]], field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        build_app({"models": models})
