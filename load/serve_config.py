@@ -45,7 +45,8 @@ def select(config: dict[str, Any], name: str | None, where: str = "the config") 
     apps = graph_apps(config)
     chosen = next((a for a in apps if a["name"] == name), None) if name is not None else apps[0]
     if chosen is None:
-        chosen = next((a for a in apps if "models" in a["args"] and name in map(model_name, model_args(a))), None)
+        serving = [a for a in apps if "models" in a["args"] and name in [model_name(m) for m in model_args(a)]]
+        chosen = serving[0] if serving else None
     if chosen is None:
         models = [model_name(m) for a in apps for m in model_args(a)]
         raise SystemExit(f"{where} has no model or application {name!r}; models {models}, applications "

@@ -119,8 +119,8 @@ class _RequestMetrics:
                 self.metrics.stage_seconds.labels("total").observe(time.perf_counter() - start)
 
 
-def create_app(models: ModelRouter | Services) -> FastAPI:
-    router = models if isinstance(models, ModelRouter) else ModelRouter([models])
+def create_app(graph: ModelRouter | Services) -> FastAPI:
+    router = graph if isinstance(graph, ModelRouter) else ModelRouter([graph])
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -195,7 +195,7 @@ def create_app(models: ModelRouter | Services) -> FastAPI:
     async def models() -> ModelList:
         cards = [
             ModelCard(id=name, root=s.args.model.path, max_model_len=s.args.model.max_model_len,
-                      capabilities=capabilities(s))
+                      capabilities=list(capabilities(s)))
             for name, s in router.models.items()
         ]  # fmt: skip
         return ModelList(data=cards)

@@ -83,7 +83,7 @@ class ModelRouter:
         """Every model's stages as its monitor last saw them; keys `<model>/<stage>` with several models."""
         if not self.several:
             return next(iter(self.models.values())).health.report()
-        ok, details = True, {}
+        ok, details = True, dict[str, str]()
         for name, services in self.models.items():
             model_ok, stages = services.health.report()
             ok = ok and model_ok
