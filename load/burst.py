@@ -7,7 +7,7 @@ proxy, parsing, admission. Per request: status, whether a refusal is OpenAI JSON
 time to the answer's first byte, and for a 200 stream whether it ended with `[DONE]`. `/health` is
 probed through the burst. Targets take turns, for --rounds rounds.
 
-  python -m load.burst --start graph:configs/cpu-tiny.yaml@llm-app --start vllm:configs/cpu-tiny.yaml@llm-app \\
+  python -m load.burst --start graph:configs/cpu-tiny.yaml@tiny-chat --start vllm:configs/cpu-tiny.yaml@tiny-chat \\
       --requests 400 --max-tokens 256 --requests 200 --max-tokens 1 --out results/burst.json
 
 Each `--requests` pairs with the `--max-tokens` at the same position (one scenario each).

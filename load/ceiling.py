@@ -7,7 +7,7 @@ the code a graph's llm replica runs. The workload is the bench's text scenario: 
 `--input-len` random single-token words, turned into token ids here by the model's tokenizer (special
 tokens added, as `/v1/completions` adds them), each asking for exactly `--output-len` tokens (greedy,
 `ignore_eos`), all submitted at once or `--concurrency` at a time.
-`python -m load.ceiling --config configs/cpu-tiny.yaml --app llm-app --out results/ceiling.json` (256 x 256 in / 32 out)
+`python -m load.ceiling --app tiny-chat --out results/ceiling.json` (256 x 256 in / 32 out)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m load.ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--config", default="configs/cpu-tiny.yaml")
-    parser.add_argument("--app", default="llm-app", help="the application of --config whose engine is measured")
+    parser.add_argument("--app", default="tiny-chat", help="the model of --config whose engine is measured")
     parser.add_argument("--requests", type=positive_int, default=256)
     parser.add_argument("--input-len", type=positive_int, default=TEXT_INPUT_LEN, help="prompt words (= tokens)")
     parser.add_argument("--output-len", type=positive_int, default=32)

@@ -5,7 +5,7 @@ content hash as the cache key. This times vLLM's `InputProcessor.process_inputs`
 processor, placeholder expansion, hashing; it runs on a vLLM thread of the LLM replica, sharing that
 process's GIL with its event loop) for that input, against a raw decoded upload of the same request
 without a key, which is what the engine gets when nothing runs before it.
-`python -m load.engine_inputs --config configs/cpu-tiny.yaml --app vision-app --size 1024x768`
+`python -m load.engine_inputs --config configs/cpu-tiny.yaml --app tiny-llava --size 1024x768`
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ async def measure(opts: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/cpu-tiny.yaml")
-    parser.add_argument("--app", default="vision-app")
+    parser.add_argument("--app", default="tiny-llava", help="a vision model of --config")
     parser.add_argument("--size", default="1024x768", help="the upload's WIDTHxHEIGHT")
     parser.add_argument("--rounds", type=int, default=30)
     asyncio.run(measure(parser.parse_args()))

@@ -5,9 +5,9 @@ Each user sends streamed requests back to back, like one slot of fixed concurren
     locust -f load/locustfile.py --host http://127.0.0.1:8000 --headless -u 8 -r 2 -t 60s TextChatUser
     locust -f load/locustfile.py --host http://127.0.0.1:8000 --headless -u 4 -t 30s LongPromptChatUser \\
         --long-fractions 0.9,1.5
-    locust -f load/locustfile.py --host http://127.0.0.1:8000/vision --headless -u 4 -t 30s ImageChatUser \\
+    locust -f load/locustfile.py --host http://127.0.0.1:8000 --headless -u 4 -t 30s ImageChatUser \\
         --images-per-request 2 --image-repeat 0.5
-    locust -f load/locustfile.py --host http://127.0.0.1:8000/tts --headless -u 8 -t 60s SpeechUser \\
+    locust -f load/locustfile.py --host http://127.0.0.1:8000 --headless -u 8 -t 60s SpeechUser \\
         --tts-input-chars 120 --voice tara --underrun-threshold-ms 100
 
 Rows in locust's statistics (and --csv files):
@@ -91,7 +91,9 @@ def _build_prompts(environment: Environment, **_: Any) -> None:
     host = environment.host.rstrip("/")
     classes = set(environment.user_classes)
     with httpx.Client(timeout=60) as client:
-        model = fetch_model(client, host)
+        # One model for the run: the speech model for speech users, a vision model for image chat.
+        needs = "speech" if SpeechUser in classes else "vision" if ImageChatUser in classes else None
+        model = fetch_model(client, host, needs)
         speech = tts.from_options(opts) if SpeechUser in classes else None
         if not classes & {TextChatUser, LongPromptChatUser, ImageChatUser}:
             _prompts[:] = [Prompts(model.name, speech=speech)]
@@ -197,7 +199,7 @@ class LongPromptChatUser(_ChatUser):
 
 class ImageChatUser(_ChatUser):
     """Streamed chat with a short text and generated images (--images-per-request and the other image
-    options); the host is a vision model's server, e.g. the graph's vision app at /vision."""
+    options); the host serves a vision model (the first `GET /v1/models` lists as such), e.g. the graph."""
 
     next_prompt = itertools.count()
 
@@ -214,7 +216,7 @@ class Underrun(Exception):
 
 class SpeechUser(_StreamUser):
     """Streamed text to speech (raw PCM) of --tts-input-chars characters in --voice; the host is a speech
-    model's server, e.g. the graph's TTS app at /tts."""
+    model's server (the first `GET /v1/models` lists as such), e.g. the graph."""
 
     next_prompt = itertools.count()
 

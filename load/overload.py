@@ -1,7 +1,7 @@
 """Overload: a target's capacity, then Poisson (open-loop) load at multiples of it, in one run (issue 6).
 
   python -m load.overload --target http://127.0.0.1:8000 --multipliers 1 2 3 --duration 60 --ttft-slo-ms 1000
-  python -m load.overload --start graph:configs/cpu-tiny.yaml@llm-app --capacity 12 --duration 20
+  python -m load.overload --start graph:configs/cpu-tiny.yaml@tiny-chat --capacity 12 --duration 20
 
 Capacity, unless given with --capacity, is the successful req/s of a closed loop of
 --capacity-concurrency users (who wait out a refusal's Retry-After) for --capacity-duration seconds.
@@ -33,7 +33,7 @@ import httpx
 from load import outcomes, rss
 from load.bench import health, images, report, targets, tts
 from load.bench.cli import Bar, build_dataset
-from load.bench.datasets import IMAGE_TEXT_LEN, TEXT_INPUT_LEN, fetch_model
+from load.bench.datasets import CAPABILITY, IMAGE_TEXT_LEN, TEXT_INPUT_LEN, fetch_model
 from load.bench.metrics import meets_slos, summarize_ms, ttfts
 from load.bench.runner import Cell, CellResult, Runner, Target, Workload
 from load.stats import summary_ms
@@ -45,7 +45,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m load.overload", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--target", metavar="URL", help="a running server, e.g. http://127.0.0.1:8000/vision")
+    where.add_argument("--target", metavar="URL", help="a running server, e.g. http://127.0.0.1:8000")
     where.add_argument(
         "--start", metavar="KIND[:CONFIG@APP]", help=f"start one: {', '.join(sorted(targets.LAUNCHERS))}"
     )
@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with targets.started([opts.start] if opts.start else [], out) as started:
         url = started[opts.start.partition(":")[0]] if opts.start else opts.target.rstrip("/")
         with httpx.Client(timeout=60) as client:
-            model = fetch_model(client, url)
+            model = fetch_model(client, url, CAPABILITY.get(opts.dataset))
         dataset = build_dataset(opts, {NAME: url}, {NAME: model})
         # The graph this run started descends from this process: count its processes only.
         root_pid = os.getpid() if opts.start and opts.rss_root_pid is None else opts.rss_root_pid

@@ -1,10 +1,11 @@
-"""Soak: hours-long-style mixed traffic against the default config's three apps, in time windows (issue 7).
+"""Soak: hours-long-style mixed traffic against the default config's three models, in time windows (issue 7).
 
   python -m load.soak --url http://127.0.0.1:8000 --rate text=4 image=1 speech=0.2 --duration 600 --window 60
 
 Kinds, each a Poisson (open-loop) stream at its own --rate, with load.bench's requests: `text`
-(streaming chat at URL/v1, --input-len tokens in, --output-len out), `image` (chat with images at
-URL/vision/v1, the bench's image options) and `speech` (streamed PCM from URL/tts/v1/audio/speech).
+(streaming chat, --input-len tokens in, --output-len out), `image` (chat with images, the bench's image
+options) and `speech` (streamed PCM from /v1/audio/speech), all at URL/v1: each kind's model is the
+first that `GET /v1/models` lists with the capability it needs (vision, speech), text the first.
 Each window (by the time a request was sent) reports, per kind: requests, errors (every request that
 did not succeed, a 503 included: at a sustainable rate nothing should be refused), TTFT (TTFA for
 speech) and E2EL p50 / p99 of the successes; and, per stage, RSS (load/rss.py) at the window's start
@@ -35,6 +36,7 @@ from load import outcomes, rss
 from load.bench import images, report, tts
 from load.bench.client import RequestRecord, send
 from load.bench.datasets import (
+    CAPABILITY,
     IMAGE_TEXT_LEN,
     TEXT_INPUT_LEN,
     Dataset,
@@ -49,16 +51,16 @@ from load.bench.metrics import summarize_ms, ttfts, without_text
 from load.bench.runner import SendNext, arrival_offsets, open_loop
 
 # Kind -> the default config's route prefix of its app.
-PREFIXES = {"text": "", "image": "/vision", "speech": "/tts"}
+KINDS = ("text", "image", "speech")
 
 
 def kind_values(items: Sequence[str], option: str) -> dict[str, float]:
-    """`["text=4", "speech=0.5"]` -> `{"text": 4.0, "speech": 0.5}`; kinds from PREFIXES, values > 0."""
+    """`["text=4", "speech=0.5"]` -> `{"text": 4.0, "speech": 0.5}`; kinds from KINDS, values > 0."""
     values: dict[str, float] = {}
     for item in items:
         kind, sep, value = item.partition("=")
-        if not sep or kind not in PREFIXES:
-            raise ValueError(f"{option} {item}: expected KIND=REQ_PER_S with KIND one of {', '.join(PREFIXES)}")
+        if not sep or kind not in KINDS:
+            raise ValueError(f"{option} {item}: expected KIND=REQ_PER_S with KIND one of {', '.join(KINDS)}")
         try:
             values[kind] = float(value)
         except ValueError:
@@ -71,7 +73,7 @@ def kind_values(items: Sequence[str], option: str) -> dict[str, float]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m load.soak", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server of the default config (3 apps)")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server of the default config (its 3 models)")
     p.add_argument("--rate", nargs="+", required=True, metavar="KIND=REQ_PER_S", help="kinds: text, image, speech")
     p.add_argument("--capacity", nargs="+", default=[], metavar="KIND=REQ_PER_S", help="to state the utilization")
     p.add_argument("--duration", type=float, default=600.0, help="seconds of arrivals")
@@ -122,8 +124,8 @@ def streams(opts: argparse.Namespace) -> list[Stream]:
     built = []
     with httpx.Client(timeout=60) as client:
         for kind in opts.rates:
-            url = opts.url + PREFIXES[kind]
-            model = fetch_model(client, url).name
+            url = opts.url
+            model = fetch_model(client, url, CAPABILITY.get(kind)).name
             dataset: Dataset
             if kind == "speech":
                 dataset = tts.from_options(opts, opts.seed)

@@ -8,7 +8,7 @@ with the model's chat template and tokenized without special tokens, as a chat r
 - graph (with `--url`): `POST {url}/tokenize` with `messages`, which the ingress forwards to the tokenizer
   deployment, from `--concurrency` clients.
 Each of `--rounds` rounds runs the three in turn over all prompts, after a few unmeasured ones; rounds pool.
-`python -m load.tokenizer_throughput --app llm-app --url http://127.0.0.1:8000 --out results/tokenizer_throughput.json`
+`python -m load.tokenizer_throughput --app tiny-chat --url http://127.0.0.1:8000 --out results/tokenizer.json`
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", default="configs/cpu-tiny.yaml")
-    parser.add_argument("--app", default="llm-app", help="the application of --config whose tokenizer is measured")
+    parser.add_argument("--app", default="tiny-chat", help="the model of --config whose tokenizer is measured")
     parser.add_argument("--prompts", type=positive_int, default=1000, help="prompts per round")
     parser.add_argument("--input-len", type=positive_int, default=TEXT_INPUT_LEN, help="words per message")
     parser.add_argument("--threads", type=positive_int, default=None, help="stage threads (default: the config's)")

@@ -6,9 +6,9 @@ request and output-token throughput, goodput, TTFT, TPOT, ITL and E2EL (mean, P5
       --concurrency 1 4 16 --duration 20 --rounds 3 --goodput ttft:500 tpot:50
   python -m load.bench --target graph=http://127.0.0.1:8000 --start baseline \\
       --endpoint chat --dataset long --request-rate 1 4 --max-concurrency 16
-  python -m load.bench --target graph=http://127.0.0.1:8000/vision --start baseline:configs/cpu-tiny.yaml@vision-app \\
+  python -m load.bench --target graph=http://127.0.0.1:8000 --start baseline:configs/cpu-tiny.yaml@tiny-llava \\
       --dataset image --images-per-request 2 --image-repeat 0.5 --concurrency 4
-  python -m load.bench --target graph=http://127.0.0.1:8000/tts --start baseline:configs/cpu-tiny.yaml@tts-app \\
+  python -m load.bench --target graph=http://127.0.0.1:8000 --start baseline:configs/cpu-tiny.yaml@tiny-orpheus \\
       --dataset tts --tts-input-chars 120 --voice tara --concurrency 1 8 32
 
 Text to speech (--dataset tts) streams POST /v1/audio/speech as PCM and reports, as vLLM-Omni's TTS
@@ -40,6 +40,7 @@ from tqdm import tqdm
 from load.bench import cpu, images, report, targets, tts
 from load.bench.client import RequestRecord
 from load.bench.datasets import (
+    CAPABILITY,
     IMAGE_TEXT_LEN,
     TEXT_INPUT_LEN,
     Dataset,
@@ -136,7 +137,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             p.error("--dataset tts: --endpoint, --input-len and --goodput do not apply (see --tts-input-chars)")
         if "vllm" in [item.partition(":")[0] for item in opts.start]:
             p.error("--start vllm: `vllm serve` has no /v1/audio/speech; for --dataset tts start the baseline "
-                    "(--start baseline:CONFIG@tts-app) or give a speech server with --target")  # fmt: skip
+                    "(--start baseline:CONFIG@tiny-orpheus) or give a speech server with --target")  # fmt: skip
         opts.endpoint = "speech"
     else:
         opts.endpoint = opts.endpoint or ("chat" if opts.dataset == "image" else "completions")
@@ -241,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with targets.started(opts.start, out, pids) as started:
         urls: dict[str, str] = {**started, **opts.urls}
         with httpx.Client(timeout=60) as client:
-            models = {name: fetch_model(client, url) for name, url in urls.items()}
+            models = {name: fetch_model(client, url, CAPABILITY.get(opts.dataset)) for name, url in urls.items()}
         dataset = build_dataset(opts, urls, models)
         meter, unmeasured = cpu.meter(pids, opts.urls) if not opts.no_cpu else (None, [])
         if unmeasured:

@@ -65,11 +65,18 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def fetch_model(client: httpx.Client, base_url: str) -> ModelInfo:
-    """The served model, as `GET /v1/models` reports it (the first one when there are several)."""
+# What a dataset needs of a model, as the graph's `/v1/models` lists it in each card's `capabilities`.
+CAPABILITY = {"image": "vision", "image chat": "vision", "tts": "speech", "speech": "speech"}
+
+
+def fetch_model(client: httpx.Client, base_url: str, needs: str | None = None) -> ModelInfo:
+    """The served model, as `GET /v1/models` reports it: with several behind one base URL, the first whose
+    `capabilities` include `needs` (vision, speech; servers that list none: the first model), else the first."""
     response = client.get(f"{base_url}/v1/models")
     response.raise_for_status()
-    card = response.json()["data"][0]
+    cards = response.json()["data"]
+    able = [c for c in cards if needs is not None and needs in c.get("capabilities", ())]
+    card = able[0] if able else cards[0]
     return ModelInfo(str(card["id"]), card.get("max_model_len"))
 
 

@@ -126,7 +126,7 @@ def test_speech_rejections_are_not_failures(tmp_path: Path) -> None:
 
 def test_vllm_cannot_serve_speech(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        parse_args(["--start", "vllm:configs/cpu-tiny.yaml@tts-app", "--dataset", "tts"])
+        parse_args(["--start", "vllm:configs/cpu-tiny.yaml@tiny-orpheus", "--dataset", "tts"])
     assert "`vllm serve` has no /v1/audio/speech" in capsys.readouterr().err
 
 
@@ -138,7 +138,7 @@ def test_defaults_depend_on_the_dataset() -> None:
     assert (image.images_per_request, image.image_size, image.image_format, image.image_repeat) == (
         1, "1024x768", "jpeg", 0.0,
     )  # fmt: skip
-    speech = parse_args(["--start", "baseline:@tts-app", "--dataset", "tts"])
+    speech = parse_args(["--start", "baseline:@tiny-orpheus", "--dataset", "tts"])
     assert (speech.endpoint, speech.input_len, speech.tts_input_chars, speech.voice) == ("speech", None, 120, "tara")
     assert speech.underrun_threshold_ms == 100.0
     assert (speech.min_streams, speech.max_duration) == (30, 300.0)

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from load.bench.datasets import WORDS, WordDataset, fetch_model, long_input_lens, single_token_words
+from load.bench.datasets import CAPABILITY, WORDS, WordDataset, fetch_model, long_input_lens, single_token_words
 from tests.unit.conftest import MAX_MODEL_LEN, MODEL_NAME
 
 
 def test_fetch_model(client: TestClient) -> None:
     model = fetch_model(client, "")
     assert (model.name, model.max_model_len) == (MODEL_NAME, MAX_MODEL_LEN)
+
+
+def test_fetch_model_picks_the_one_with_the_capability_a_dataset_needs() -> None:
+    cards = [{"id": "text", "capabilities": ["chat"]}, {"id": "eyes", "capabilities": ["chat", "vision"]},
+             {"id": "voice", "capabilities": ["chat", "speech"]}]  # fmt: skip
+    client = httpx.Client(transport=httpx.MockTransport(lambda _: httpx.Response(200, json={"data": cards})))
+    assert fetch_model(client, "http://graph").name == "text"
+    assert fetch_model(client, "http://graph", CAPABILITY["image"]).name == "eyes"
+    assert fetch_model(client, "http://graph", CAPABILITY["tts"]).name == "voice"
+    listed = httpx.Client(transport=httpx.MockTransport(lambda _: httpx.Response(200, json={"data": [{"id": "v"}]})))
+    assert fetch_model(listed, "http://vllm", "vision").name == "v"  # a server that lists no capabilities
 
 
 def test_prompts_have_exactly_input_len_tokens(client: TestClient, hf_tokenizer: Any) -> None:

@@ -35,7 +35,7 @@ class SlowStage:
 def test_defaults_match_the_text_bench_scenario() -> None:
     opts = ceiling.parse_args([])
     assert (opts.config, opts.app, opts.requests, opts.input_len, opts.output_len) == (
-        "configs/cpu-tiny.yaml", "llm-app", 256, 256, 32,
+        "configs/cpu-tiny.yaml", "tiny-chat", 256, 256, 32,
     )  # fmt: skip
     assert opts.concurrency is None
     with pytest.raises(SystemExit):
