@@ -39,8 +39,9 @@ def model_name(raw: dict[str, Any]) -> str:
 
 
 def select(config: dict[str, Any], name: str | None, where: str = "the config") -> dict[str, Any]:
-    """`config` (not changed) with one graph application serving one model: `name` (a model, or an
-    application; None: the first application's first model), and the `/health` application watching it."""
+    """A copy of `config` with one graph application and the `/health` application watching it: the
+    application `name`, or the one serving model `name` with only that model and its deployments
+    (None: the first model of the first application)."""
     config = copy.deepcopy(config)
     apps = graph_apps(config)
     chosen = next((a for a in apps if a["name"] == name), None) if name is not None else apps[0]
@@ -51,8 +52,8 @@ def select(config: dict[str, Any], name: str | None, where: str = "the config") 
         models = [model_name(m) for a in apps for m in model_args(a)]
         raise SystemExit(f"{where} has no model or application {name!r}; models {models}, applications "
                          f"{[a['name'] for a in apps]}")  # fmt: skip
-    if "models" in chosen["args"]:
-        one = next(m for m in model_args(chosen) if name in (None, chosen["name"], model_name(m)))
+    if "models" in chosen["args"] and name != chosen["name"]:
+        one = next(m for m in model_args(chosen) if name in (None, model_name(m)))
         ours = {"ingress"} | {deployment_name(model_name(one), stage) for stage in STAGES}
         chosen["args"] = {**chosen["args"], "models": [one]}
         chosen["deployments"] = [d for d in chosen.get("deployments", []) if d["name"] in ours]
@@ -72,8 +73,10 @@ def load_in_process(config_path: str, name: str | None = None) -> AppArgs:
         env = deployment.get("ray_actor_options", {}).get("runtime_env", {}).get("env_vars", {})
         for key, value in env.items():
             os.environ.setdefault(key, str(value))
-    (raw,) = model_args(app)
-    return parse_app_args(raw)
+    models = model_args(app)
+    if len(models) > 1:
+        raise SystemExit(f"{config_path}@{name} serves {[model_name(m) for m in models]}: name one of them")
+    return parse_app_args(models[0])
 
 
 def pin_local_paths(config: dict[str, Any], root: Path) -> dict[str, Any]:

@@ -24,8 +24,8 @@ from tests.integration.support import (
     NODES,
     PORT,
     ROOT,
-    TTS_PREFIX,
-    VISION_PREFIX,
+    TEXT_MODEL,
+    deployment,
     graph_healthy,
     load_test_config,
     wait_for,
@@ -106,7 +106,7 @@ def graph(cluster: Any, tiny_model: Path, tiny_vision_model: Path, tiny_tts_mode
     _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
     base_url = f"http://127.0.0.1:{PORT}"
     try:
-        for prefix in ("", VISION_PREFIX, TTS_PREFIX, LIMITS_PREFIX):
+        for prefix in ("", LIMITS_PREFIX):
             wait_for(lambda p=prefix: graph_healthy(base_url + p), GRAPH_START_TIMEOUT_S,
                      f"the graph at `{prefix or '/'}` to be healthy")  # fmt: skip
         yield base_url
@@ -135,12 +135,14 @@ def aclient(graph: str) -> Any:
 
 @pytest.fixture(scope="session")
 def vision_client(graph: str) -> Any:
-    return openai_client(graph + VISION_PREFIX)
+    """The same base URL as `client`: the tests name `model="tiny-llava"`."""
+    return openai_client(graph)
 
 
 @pytest.fixture(scope="session")
 def tts_client(graph: str) -> Any:
-    return openai_client(graph + TTS_PREFIX)
+    """The same base URL as `client`: the tests name `model="tiny-orpheus"`."""
+    return openai_client(graph)
 
 
 @pytest.fixture(scope="session")
@@ -161,4 +163,4 @@ def reference_tokenizer(tiny_model: Path) -> Any:
 def llm_handle(graph: str) -> Any:
     from ray import serve
 
-    return serve.get_deployment_handle("llm", app_name=APP)
+    return serve.get_deployment_handle(deployment(TEXT_MODEL, "llm"), app_name=APP)

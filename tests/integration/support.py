@@ -12,19 +12,19 @@ import httpx
 import yaml
 
 from load.serve_config import pin_local_paths
+from serve_app.graph_args import deployment_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cpu-tiny.yaml"
 PORT = int(os.environ.get("SERVE_GRAPH_TEST_PORT", "18123"))
-APP = "llm-app"
+# The application serving every model at `/` (configs/cpu-tiny.yaml), and its models.
+APP = "openai"
+TEXT_MODEL, VISION_MODEL, TTS_MODEL = "tiny-chat", "tiny-llava", "tiny-orpheus"
 # The graph's `/health` application (configs/cpu-tiny.yaml).
 HEALTH_APP = "health-app"
-VISION_APP = "vision-app"
-VISION_PREFIX = "/vision"
-# The vision app's engine hang watchdog, small so that test_zy_faults.py sees it fire within seconds.
+# The vision model's engine hang watchdog, small so that test_zy_faults.py sees it fire within seconds.
 WATCHDOG_TIMEOUT_S = 8.0
-TTS_PREFIX = "/tts"
-# A fourth application in the test config only: tiny-chat with tiny limits, so that one request fills the
+# A second application in the test config only: tiny-chat with tiny limits, so that one request fills the
 # engine (backpressure, disconnect and deadline tests) and its tokenizer autoscales within seconds.
 LIMITS_APP = "limits-app"
 LIMITS_PREFIX = "/limits"
@@ -43,36 +43,58 @@ STAGE_NODE = {"ingress": "head_node", "tokenizer": "cpu_node", "multimodal": "cp
 ALLOWED_LOOPBACK = "127.0.0.2"
 
 
+def deployment(model: str, stage: str) -> str:
+    """The Serve deployment of a model's stage (deployments/graph.py names them so)."""
+    return deployment_name(model, stage)
+
+
+def health_key(name: str) -> str:
+    """The key of deployment `name` in a several-model ingress's health report: `tiny-chat-llm` -> `tiny-chat/llm`."""
+    model, stage = name.rsplit("-", 1)
+    return f"{model}/{stage}"
+
+
 def load_test_config() -> dict[str, Any]:
     """The default config, on a test port and with the model paths pinned to this checkout."""
     config: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
     config["http_options"]["port"] = PORT
     for app in pin_local_paths(config, ROOT)["applications"]:
-        if "multimodal" in app["args"]:
-            app["args"]["multimodal"]["fetch"] = {"allowed_hosts": [ALLOWED_LOOPBACK], "timeout_s": 5}
-            app["args"]["engine"]["watchdog_timeout_s"] = WATCHDOG_TIMEOUT_S
+        for model in app["args"].get("models", []):
+            if "multimodal" in model:
+                model["multimodal"]["fetch"] = {"allowed_hosts": [ALLOWED_LOOPBACK], "timeout_s": 5}
+                model["engine"]["watchdog_timeout_s"] = WATCHDOG_TIMEOUT_S
     config["applications"].append(limits_app(config["applications"][0]))
     next(a for a in config["applications"] if a["name"] == HEALTH_APP)["args"]["applications"].append(LIMITS_APP)
     for app in config["applications"]:
-        for deployment in app["deployments"]:
-            options = deployment.setdefault("ray_actor_options", {})
-            options["resources"] = {STAGE_NODE[deployment["name"]]: 0.01}
+        for each in app["deployments"]:
+            options = each.setdefault("ray_actor_options", {})
+            options["resources"] = {STAGE_NODE[each["name"].rsplit("-", 1)[-1]]: 0.01}
     return config
 
 
-def limits_app(text_app: dict[str, Any]) -> dict[str, Any]:
-    """The text application with room for two sequences in the engine and one waiting request."""
-    app = copy.deepcopy(text_app)
+def model_args(config: dict[str, Any], model: str) -> dict[str, Any]:
+    """The args of `model` in the config's graph application."""
+    app = next(a for a in config["applications"] if a["name"] == APP)
+    return next(m for m in app["args"]["models"] if m["model"]["served_model_name"] == model)
+
+
+def limits_app(graph_app: dict[str, Any]) -> dict[str, Any]:
+    """The text model alone, with room for two sequences in the engine and one waiting request."""
+    app = copy.deepcopy(graph_app)
     app["name"], app["route_prefix"] = LIMITS_APP, LIMITS_PREFIX
-    app["args"]["engine"]["max_num_seqs"] = 2
+    text = next(m for m in app["args"]["models"] if m["model"]["served_model_name"] == TEXT_MODEL)
+    app["args"]["models"] = [text]
+    text["engine"]["max_num_seqs"] = 2
     # No engine waiting queue: a third sequence is refused by the llm stage (engine_queue_full).
-    app["args"]["engine"]["max_waiting_requests"] = 0
+    text["engine"]["max_waiting_requests"] = 0
     # Admitted by count, so that the engine's and Serve's own bounds are what these tests meet.
-    app["args"]["admission"] = {"max_in_flight": 64}
-    app["args"]["tokenizer"]["threads"] = 1
+    text["admission"] = {"max_in_flight": 64}
+    text["tokenizer"]["threads"] = 1
+    ours = {"ingress", deployment(TEXT_MODEL, "tokenizer"), deployment(TEXT_MODEL, "llm")}
+    app["deployments"] = [d for d in app["deployments"] if d["name"] in ours]
     deployments = {d["name"]: d for d in app["deployments"]}
-    deployments["llm"].update(max_ongoing_requests=2, max_queued_requests=1)
-    tokenizer = deployments["tokenizer"]
+    deployments[deployment(TEXT_MODEL, "llm")].update(max_ongoing_requests=2, max_queued_requests=1)
+    tokenizer = deployments[deployment(TEXT_MODEL, "tokenizer")]
     del tokenizer["num_replicas"]
     # Short delays and a fast metrics loop, so that a test sees a scale-up and a scale-down in seconds.
     tokenizer["autoscaling_config"] = {

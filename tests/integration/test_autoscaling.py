@@ -12,15 +12,15 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 
-from tests.integration.support import LIMITS_APP, wait_for
+from tests.integration.support import LIMITS_APP, TEXT_MODEL, deployment, wait_for
 
 # ~120 KB of text: tens of milliseconds of tokenizing, so that requests pile up at the tokenizer stage.
 PROMPT = "the quick brown fox jumps over the lazy dog while parsing json and yaml files " * 1500
 
 
 def running_replicas(stage: str) -> int:
-    deployment = serve.status().applications[LIMITS_APP].deployments[stage]
-    return int(deployment.replica_states.get("RUNNING", 0))
+    status = serve.status().applications[LIMITS_APP].deployments[deployment(TEXT_MODEL, stage)]
+    return int(status.replica_states.get("RUNNING", 0))
 
 
 def target_replicas(metrics_url: str, stage: str) -> float | None:
@@ -30,7 +30,7 @@ def target_replicas(metrics_url: str, stage: str) -> float | None:
         for sample in family.samples:
             if (sample.name == "ray_serve_autoscaling_target_replicas"
                     and sample.labels.get("application") == LIMITS_APP
-                    and sample.labels.get("deployment") == stage):  # fmt: skip
+                    and sample.labels.get("deployment") == deployment(TEXT_MODEL, stage)):  # fmt: skip
                 return float(sample.value)
     return None
 

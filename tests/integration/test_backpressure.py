@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.support import LIMITS_APP, wait_for
+from tests.integration.support import LIMITS_APP, TEXT_MODEL, deployment, wait_for
 
 # Long enough that it is still generating when the test is done with it, unless aborted.
 LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 3000, "ignore_eos": True}
@@ -29,7 +29,7 @@ FAST_S = 0.5
 def limits_llm(limits_url: str) -> Any:
     from ray import serve
 
-    handle = serve.get_deployment_handle("llm", app_name=LIMITS_APP)
+    handle = serve.get_deployment_handle(deployment(TEXT_MODEL, "llm"), app_name=LIMITS_APP)
     wait_for(lambda: handle.num_unfinished_requests.remote().result() == 0, 30, "a free limits-app engine")
     return handle
 

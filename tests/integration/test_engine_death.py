@@ -15,12 +15,12 @@ import httpx
 import psutil
 from ray._private import state
 
-from tests.integration.support import APP, stage_health, wait_for
+from tests.integration.support import APP, TEXT_MODEL, deployment, health_key, stage_health, wait_for
 
 
 def llm_replica_pid() -> int:
-    alive = [a for a in state.actors().values()
-             if a["ActorClassName"] == "ServeReplica:llm-app:llm" and a["State"] == "ALIVE"]  # fmt: skip
+    name = f"ServeReplica:{APP}:{deployment(TEXT_MODEL, 'llm')}"
+    alive = [a for a in state.actors().values() if a["ActorClassName"] == name and a["State"] == "ALIVE"]
     assert len(alive) == 1
     return int(alive[0]["Pid"])
 
@@ -45,7 +45,7 @@ def test_zz_engine_death_is_reported_and_repaired(graph: str, client: Any) -> No
     killed_at = time.monotonic()
     wait_for(lambda: health_status(graph) == 503, 15, "/health to report the dead engine")
     detected_s = time.monotonic() - killed_at
-    assert stage_health(graph, APP)["llm"] != "ok"
+    assert stage_health(graph, APP)[health_key(deployment(TEXT_MODEL, "llm"))] != "ok"
     wait_for(lambda: health_status(graph) == 200, 180, "Serve to replace the llm replica")
     assert llm_replica_pid() != replica
     response = client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "hi"}],

@@ -12,18 +12,29 @@ import httpx
 import pytest
 
 from tests.hostile_corpus import CASES, HostileCase, check_error, png
-from tests.integration.support import TTS_PREFIX, VISION_PREFIX
+from tests.integration.support import TEXT_MODEL, TTS_MODEL, VISION_MODEL
 from tests.unit.media_support import data_url
 
-PREFIX = {"text": "", "vision": VISION_PREFIX, "speech": TTS_PREFIX}
+# One base URL serves every model: a case reaches the model of its kind by naming it.
+MODEL = {"text": TEXT_MODEL, "vision": VISION_MODEL, "speech": TTS_MODEL}
 SUBSET = [case for case in CASES if case.integration]
 
 
+def with_model(case: HostileCase) -> bytes:
+    """The case's body naming its model, unless it names one or is not a JSON object: the corpus
+    leaves `model` out, which a server of several models refuses first (400 naming `model`). Inserted
+    as text, so that the rest of a deliberately odd body is sent byte for byte."""
+    content = case.content()
+    if not content.startswith(b"{") or b'"model"' in content:
+        return content
+    return b'{"model": "' + MODEL[case.app].encode() + b'", ' + content[1:] if content != b"{}" else content
+
+
 def send(graph: str, case: HostileCase) -> httpx.Response:
-    url = f"{graph}{PREFIX[case.app]}{case.path}"
     return httpx.request(
-        case.method, url, content=case.content(), headers={"content-type": "application/json"}, timeout=60
-    )
+        case.method, f"{graph}{case.path}", content=with_model(case), headers={"content-type": "application/json"},
+        timeout=60,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("case", SUBSET, ids=[case.name for case in SUBSET])
@@ -37,8 +48,7 @@ def test_every_application_is_healthy_and_serves_after_the_corpus(
 ) -> None:
     for case in SUBSET:
         send(graph, case)
-    for prefix in PREFIX.values():
-        assert httpx.get(f"{graph}{prefix}/health", timeout=5).status_code == 200, prefix
+    assert httpx.get(f"{graph}/health", timeout=5).status_code == 200
     hi = [{"role": "user", "content": "hi"}]
     assert client.chat.completions.create(model="tiny-chat", messages=hi, max_tokens=2).choices
     image = {"type": "image_url", "image_url": {"url": data_url(png())}}

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 from ray import serve
 
-from tests.integration.support import APP
+from tests.integration.support import APP, TEXT_MODEL, TTS_MODEL, VISION_MODEL, deployment
 
 MESSAGES = [{"role": "user", "content": "Say something about the standard library."}]
 
@@ -20,13 +20,19 @@ def chat_prompt_tokens(tokenizer: Any, messages: list[dict[str, str]]) -> int:
 def test_stages_are_separate_deployments(graph: str) -> None:
     status = serve.status().applications[APP]
     assert status.status == "RUNNING"
-    assert set(status.deployments) == {"ingress", "tokenizer", "llm"}
+    stages = {TEXT_MODEL: ["tokenizer", "llm"], VISION_MODEL: ["multimodal", "tokenizer", "llm"],
+              TTS_MODEL: ["tokenizer", "llm", "vocoder"]}  # fmt: skip
+    expected = {"ingress"} | {deployment(model, stage) for model, names in stages.items() for stage in names}
+    assert set(status.deployments) == expected
     assert all(d.status == "HEALTHY" for d in status.deployments.values())
 
 
 def test_models(client: Any) -> None:
-    models = client.models.list().data
-    assert [m.id for m in models] == ["tiny-chat"]
+    models = client.models.list().data  # every model, at the one base URL
+    assert [m.id for m in models] == [TEXT_MODEL, VISION_MODEL, TTS_MODEL]
+    assert [m.model_extra["capabilities"] for m in models] == [
+        ["chat", "completions"], ["chat", "completions", "vision"], ["chat", "completions", "speech"],
+    ]  # fmt: skip
 
 
 def test_chat_completion(client: Any, reference_tokenizer: Any) -> None:

@@ -25,7 +25,7 @@ import httpx
 import psutil
 
 from deployments.stop import orphaned_shm_files, shm_files
-from tests.integration.support import APP, CONFIG, ROOT, graph_healthy, wait_for
+from tests.integration.support import CONFIG, ROOT, TEXT_MODEL, graph_healthy, wait_for
 
 STREAMS = 3
 
@@ -86,7 +86,8 @@ def test_sigterm_under_load_ends_streams_cleanly_and_leaves_nothing(tmp_path: Pa
     }
     log = (tmp_path / "launcher.log").open("w")
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "load.graph_launcher", "--config", str(CONFIG), "--app", APP, "--port", str(port)],
+        [sys.executable, "-m", "load.graph_launcher", "--config", str(CONFIG), "--app", TEXT_MODEL,
+         "--port", str(port)],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     cluster: list[psutil.Process] = []

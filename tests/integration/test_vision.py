@@ -1,4 +1,4 @@
-"""Image chat through the real graph (vision-app: ingress -> multimodal -> tokenizer -> llm) with the
+"""Image chat through the real graph (tiny-llava: ingress -> multimodal -> tokenizer -> llm) with the
 `openai` client, and image URLs fetched, or refused, from local HTTP servers."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.integration.support import ALLOWED_LOOPBACK, VISION_PREFIX
+from tests.integration.support import ALLOWED_LOOPBACK
 
 TOKENS_PER_IMAGE = 16  # 56x56 pixels in 14-pixel patches
 
@@ -85,7 +85,7 @@ def test_repeated_images_hit_the_cache(vision_client: Any, graph: str) -> None:
     url = data_url(jpeg((1, 2, 3)))
     for _ in range(2):
         vision_client.chat.completions.create(model="tiny-llava", messages=image_messages(url), max_tokens=1)
-    metrics = httpx.get(f"{graph}{VISION_PREFIX}/metrics", timeout=10).text
+    metrics = httpx.get(f"{graph}/metrics", timeout=10).text
     hits = [line for line in metrics.splitlines() if line.startswith('serve_graph_image_cache_total{result="hit"}')]
     assert hits and float(hits[0].split()[-1]) >= 1
 
@@ -104,7 +104,7 @@ def test_bad_images_are_400_and_the_graph_stays_healthy(vision_client: Any, grap
     with pytest.raises(openai.BadRequestError) as info:
         vision_client.chat.completions.create(model="tiny-llava", messages=image_messages(url), max_tokens=1)
     assert info.value.body["code"] == code
-    assert httpx.get(f"{graph}{VISION_PREFIX}/health", timeout=5).status_code == 200
+    assert httpx.get(f"{graph}/health", timeout=5).status_code == 200
 
 
 def test_too_many_images(vision_client: Any) -> None:

@@ -29,17 +29,18 @@ from tests.integration.support import (
     ALLOWED_LOOPBACK,
     APP,
     GRAPH_HEALTH_POLL_S,
-    TTS_PREFIX,
-    VISION_APP,
-    VISION_PREFIX,
+    TEXT_MODEL,
+    TTS_MODEL,
+    VISION_MODEL,
     WATCHDOG_TIMEOUT_S,
+    deployment,
     graph_healthy,
+    health_key,
     stage_health,
     wait_for,
 )
 from tests.integration.test_engine_death import engine_core_pid, health_status
 
-TTS_APP = "tts-app"
 # "Within a couple of seconds" of the fault, with room for a loaded 2-core machine.
 ERROR_WITHIN_S = 5.0
 RECOVERY_TIMEOUT_S = 240.0
@@ -65,8 +66,10 @@ def wait_recovered(base_url: str, app: str, deployment: str, old_pid: int, since
 
 
 def health_truthful(base_url: str, app: str, stage: str, old_pid: int) -> bool:
-    """`/health` names the stage broken, or Serve has already replaced its replica (green is then true)."""
-    return stage_health(base_url, app).get(stage) != "ok" or replica_pids(app, stage) not in ([], [old_pid])
+    """`/health` names the stage (a deployment, `<model>-<stage>`) broken, or Serve has already replaced its
+    replica (green is then true)."""
+    broken = stage_health(base_url, app).get(health_key(stage)) != "ok"
+    return broken or replica_pids(app, stage) not in ([], [old_pid])
 
 
 def chat(base_url: str, model: str, **extra: Any) -> httpx.Response:
@@ -117,7 +120,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def test_zy_tokenizer_killed_mid_request(graph: str) -> None:
-    pid = replica_pid(APP, "tokenizer")
+    pid = replica_pid(APP, deployment(TEXT_MODEL, "tokenizer"))
     # Several seconds of tokenizing: the replica is certainly inside the call when it dies. (A replica
     # stopped before the call never gets it: Serve's router probes it, waits, and sends the request to
     # the replacement, which answers 200.)
@@ -131,7 +134,7 @@ def test_zy_tokenizer_killed_mid_request(graph: str) -> None:
         response = future.result(timeout=60)
         failed_s = time.monotonic() - killed_at
     assert_stage_error(response, "stage_unavailable", "tokenizer")
-    assert_recovers(graph, APP, "tokenizer", pid, killed_at, model="tiny-chat",
+    assert_recovers(graph, APP, deployment(TEXT_MODEL, "tokenizer"), pid, killed_at, model="tiny-chat",
                     name="tokenizer killed mid-request", failed_s=failed_s)  # fmt: skip
 
 
@@ -160,8 +163,8 @@ def slow_image_url() -> Iterator[str]:
 
 
 def test_zy_multimodal_killed_mid_image_request(graph: str, slow_image_url: str) -> None:
-    vision = graph + VISION_PREFIX
-    pid = replica_pid(VISION_APP, "multimodal")
+    vision = graph  # the vision model at the one base URL
+    pid = replica_pid(APP, deployment(VISION_MODEL, "multimodal"))
     content = [{"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": slow_image_url}}]
     with in_background(lambda: chat(vision, "tiny-llava", messages=[{"role": "user", "content": content}])) as future:
         assert _SlowImage.requested.wait(30), "the multimodal stage never fetched the image"
@@ -170,7 +173,7 @@ def test_zy_multimodal_killed_mid_image_request(graph: str, slow_image_url: str)
         response = future.result(timeout=60)
         failed_s = time.monotonic() - killed_at
     assert_stage_error(response, "stage_unavailable", "multimodal")
-    assert_recovers(vision, VISION_APP, "multimodal", pid, killed_at, model="tiny-llava",
+    assert_recovers(vision, APP, deployment(VISION_MODEL, "multimodal"), pid, killed_at, model="tiny-llava",
                     name="multimodal killed mid-request", failed_s=failed_s)  # fmt: skip
 
 
@@ -199,8 +202,8 @@ def read_until_error(events: Iterator[dict[str, Any] | str]) -> tuple[dict[str, 
 
 
 def test_zy_vocoder_killed_mid_speech_stream(graph: str) -> None:
-    tts = graph + TTS_PREFIX
-    pid = replica_pid(TTS_APP, "vocoder")
+    tts = graph  # the speech model at the one base URL
+    pid = replica_pid(APP, deployment(TTS_MODEL, "vocoder"))
     body = {"model": "tiny-orpheus", "voice": "tara", "input": "A long enough sentence to speak for a while. " * 4,
             "stream": True, "stream_format": "sse", "response_format": "pcm"}  # fmt: skip
     with httpx.stream("POST", f"{tts}/v1/audio/speech", json=body, timeout=120) as response:
@@ -212,7 +215,7 @@ def test_zy_vocoder_killed_mid_speech_stream(graph: str) -> None:
         killed_at = time.monotonic()
         # No request need fail here (the stream may only pause), so only the ingress's background poll
         # can turn /health red: within one poll interval plus a check's timeout.
-        wait_for(lambda: health_truthful(tts, TTS_APP, "vocoder", pid), HEALTH_POLL_WITHIN_S,
+        wait_for(lambda: health_truthful(tts, APP, deployment(TTS_MODEL, "vocoder"), pid), HEALTH_POLL_WITHIN_S,
                  "/health to report the dead vocoder")  # fmt: skip
         red_s = time.monotonic() - killed_at
         error, at = read_to_end(events)
@@ -220,7 +223,7 @@ def test_zy_vocoder_killed_mid_speech_stream(graph: str) -> None:
     # Either a call in flight died (an error event naming the stage), or every later chunk went to
     # the replacement once Serve had started it (measured: the stream paused, then completed).
     assert error is None or (error["code"] == "stage_unavailable" and "vocoder" in error["message"]), error
-    recovered_s = wait_recovered(tts, TTS_APP, "vocoder", pid, killed_at)
+    recovered_s = wait_recovered(tts, APP, deployment(TTS_MODEL, "vocoder"), pid, killed_at)
     speech = httpx.post(f"{tts}/v1/audio/speech", json=body | {"stream": False, "input": "hi"}, timeout=120)
     assert speech.status_code == 200
     line = record(f"vocoder killed mid speech stream ({'error event' if error else 'completed'})",
@@ -229,7 +232,7 @@ def test_zy_vocoder_killed_mid_speech_stream(graph: str) -> None:
 
 
 def test_zy_engine_killed_mid_stream(graph: str) -> None:
-    replica = replica_pid(APP, "llm")
+    replica = replica_pid(APP, deployment(TEXT_MODEL, "llm"))
     body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "count"}], "max_tokens": 3000,
             "ignore_eos": True, "stream": True}  # fmt: skip
     with httpx.stream("POST", f"{graph}/v1/chat/completions", json=body, timeout=120) as response:
@@ -244,13 +247,13 @@ def test_zy_engine_killed_mid_stream(graph: str) -> None:
     assert "engine died" in error["message"], error
     assert error["type"] == "ServiceUnavailableError"
     wait_for(lambda: health_status(graph) == 503, 3 * GRAPH_HEALTH_POLL_S, "/health to report the dead engine")
-    assert_recovers(graph, APP, "llm", replica, killed_at, model="tiny-chat", name="engine killed mid-stream",
-                    failed_s=failed_s)  # fmt: skip
+    assert_recovers(graph, APP, deployment(TEXT_MODEL, "llm"), replica, killed_at, model="tiny-chat",
+                    name="engine killed mid-stream", failed_s=failed_s)  # fmt: skip
 
 
 def test_zy_hung_engine_is_detected_and_replaced(graph: str) -> None:
-    vision = graph + VISION_PREFIX
-    replica = replica_pid(VISION_APP, "llm")
+    vision = graph
+    replica = replica_pid(APP, deployment(VISION_MODEL, "llm"))
     core = engine_core_pid(replica)
     os.kill(core, signal.SIGSTOP)  # alive, not progressing
     stopped_at = time.monotonic()
@@ -262,9 +265,9 @@ def test_zy_hung_engine_is_detected_and_replaced(graph: str) -> None:
         # Refused at once: Serve keeps the replica in rotation until its health check has failed 3 times.
         assert_stage_error(chat(vision, "tiny-llava"), "engine_hung", "hung")
         wait_for(lambda: health_status(vision) == 503, 10, "/health to report the hung engine")
-        assert "hung" in stage_health(vision, VISION_APP)["llm"]
+        assert "hung" in stage_health(vision, APP)[health_key(deployment(VISION_MODEL, "llm"))]
         detected_s = time.monotonic() - stopped_at
-        recovered_s = wait_recovered(vision, VISION_APP, "llm", replica, stopped_at)
+        recovered_s = wait_recovered(vision, APP, deployment(VISION_MODEL, "llm"), replica, stopped_at)
     finally:
         if psutil.pid_exists(core):
             os.kill(core, signal.SIGKILL)  # a stopped process ignores the SIGTERM of a shutdown

@@ -198,6 +198,8 @@ def test_graph_launcher_keeps_one_app_with_pinned_paths() -> None:
     ]  # fmt: skip
     (first,) = one_app_config("configs/cpu-tiny.yaml", None, 8123)["applications"][0]["args"]["models"]
     assert first["model"]["served_model_name"] == "tiny-chat"
+    whole = one_app_config("configs/cpu-tiny.yaml", "openai", 8123)["applications"][0]  # an application: all of it
+    assert len(whole["args"]["models"]) == 3 and len(whole["deployments"]) == 9
     with pytest.raises(SystemExit, match="no model or application"):
         one_app_config("configs/cpu-tiny.yaml", "nope", 8123)
 
