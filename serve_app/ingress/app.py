@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.config import AdmissionConfig
+from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OpenAIError, OverloadedError, find_openai_error
 from serve_app.ingress.admission import InFlightLimit
 from serve_app.ingress.auth import ApiKeyAuth, load_keys
@@ -28,6 +28,7 @@ from serve_app.ingress.chat.serving import create_chat_completion
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
 from serve_app.ingress.deadline import Deadline, request_deadline
+from serve_app.ingress.early_admission import EarlyAdmission
 from serve_app.ingress.paths import KNOWN_PATHS, route_path
 from serve_app.ingress.pipeline import Services
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
@@ -40,6 +41,7 @@ from serve_app.ingress.tokenize.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from serve_app.ingress.work_admission import WorkGate
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +132,15 @@ def create_app(services: Services) -> FastAPI:
             services.metrics.rejections.labels(error.stage, error.reason).inc()
         return error_response(error, services.args.admission)
 
+    def gate_for(model: str | None) -> tuple[WorkGate, AppArgs] | None:
+        if services.work is None or model not in (None, services.args.model.name):
+            return None  # an unknown model is the route's 404
+        return services.work, services.args
+
     app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
-    # Outermost last: metrics see every answer; a request without a valid key takes no admission slot.
+    # Outermost last: metrics see every answer; a request without a valid key takes no admission slot;
+    # early admission buffers bodies the size limit already bounds.
+    app.add_middleware(EarlyAdmission, gate_for=gate_for, render=render)
     app.add_middleware(BodySizeLimit, max_bytes=services.args.limits.max_request_bytes)
     app.add_middleware(InFlightLimit, limit=services.args.admission.max_in_flight, render=render)
     auth = services.args.auth
@@ -167,7 +176,8 @@ def create_app(services: Services) -> FastAPI:
             error = OpenAIError(f"Internal error: {type(exc).__name__}")
         return render(error)
 
-    def deadline_of(x_request_timeout: Annotated[str | None, Header()] = None) -> Deadline | None:
+    # async: a plain `def` dependency would cost every request a hop to the thread pool.
+    async def deadline_of(x_request_timeout: Annotated[str | None, Header()] = None) -> Deadline | None:
         return request_deadline(services.args.limits, x_request_timeout)
 
     # A default, not an Annotated alias: FastAPI resolves annotations in the module, not this function.

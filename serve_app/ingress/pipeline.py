@@ -2,8 +2,9 @@
 
 1. Check the model name and the request's limits (n, logprobs) against the config.
 2. Multimodal stage (one unary hop, only for requests with images): fetch, decode, resize.
-3. Admission by work, when configured (`work_admission.py`): the request is weighed on an estimate
-   of its prompt and refused at once if the engine is too far behind; then the tokenizer stage (one
+3. Admission by work, when configured (`work_admission.py`): the request was weighed on an estimate
+   of its prompt as it arrived (`early_admission.py`, before parsing) and refused at once if the
+   engine is too far behind; then the tokenizer stage (one
    unary hop): render, tokenize, truncate, check the context length; the weight becomes exact.
 4. LLM stage (one streaming hop): token ids in, merged output deltas out. Tokens travel
    llm -> ingress directly, so a streamed token pays one hop, never one per stage.
@@ -28,6 +29,7 @@ from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, DeadlineExceededError, EngineDeadError, NotFoundError
 from serve_app.ingress.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
 from serve_app.ingress.deadline import Deadline, deadline_at, within
+from serve_app.ingress.early_admission import budget, take_early_ticket
 from serve_app.ingress.health import HealthMonitor
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.protocol import SamplingRequest
@@ -279,12 +281,14 @@ def admit_work(services: Services, tokenize: TokenizeRequest, deadline: Deadline
     if services.work is None:
         return None
     DeadlineExceededError.check(deadline_at(deadline), "ingress")  # a 504, not an overload, once it passed
+    early = take_early_ticket()  # weighed on arrival, before parsing (`early_admission.py`)
+    if early is not None:
+        return early
     prompt = tokenize.prompt
     exact = prompt.token_ids if isinstance(prompt, TextPrompt) else None
     prompt_tokens = len(exact) if exact is not None else services.work.estimate_tokens(prompt_chars(prompt))
     prompt_tokens += sum(tokenize.image_tokens)
-    room = services.args.model.max_model_len - prompt_tokens
-    max_tokens = max(0, min(tokenize.max_tokens or room, room))
+    max_tokens = budget(services.args, prompt_tokens, tokenize.max_tokens)
     return services.work.admit(prompt_tokens, max_tokens, None if deadline is None else deadline.remaining())
 
 
