@@ -16,6 +16,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer, HandleVocoder
 from serve_app.config import AppArgs
 from serve_app.ingress.app import create_app
+from serve_app.ingress.inline_tokenizer import InlineTokenizer
 from serve_app.ingress.pipeline import Services
 
 
@@ -37,7 +38,7 @@ class Ingress:
 
         self._services = Services.create(
             args,
-            HandleTokenizer(tokenizer, stage_lost),
+            InlineTokenizer.around(args, HandleTokenizer(tokenizer, stage_lost)),
             HandleLLM(llm, stage_lost),
             HandleMultimodal(multimodal, stage_lost) if multimodal is not None else None,
             HandleVocoder(vocoder, stage_lost) if vocoder is not None else None,

@@ -31,6 +31,7 @@ from serve_app.ingress.clients import LLMClient, MultimodalClient, TokenizerClie
 from serve_app.ingress.deadline import Deadline, deadline_at, within
 from serve_app.ingress.early_admission import budget, take_early_ticket
 from serve_app.ingress.health import HealthMonitor
+from serve_app.ingress.inline_tokenizer import prompt_chars
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.protocol import SamplingRequest
 from serve_app.ingress.slots import Slots
@@ -43,7 +44,6 @@ from serve_app.messages import (
     ImagesRequest,
     ProcessedImage,
     SamplingSpec,
-    SpeechPrompt,
     TextPrompt,
     TokenizeRequest,
     TokenLogprob,
@@ -266,13 +266,6 @@ async def start_generation(
     return Stream(
         request_id, tokenized.token_ids, num_prompt_tokens, first, generator, metrics, timings, deadline=deadline
     )
-
-
-def prompt_chars(prompt: ChatPrompt | TextPrompt | SpeechPrompt) -> int:
-    """Characters of the prompt's text (chat: of its messages' text parts)."""
-    if isinstance(prompt, ChatPrompt):
-        return sum(len(str(m.get("content") or "")) for m in prompt.messages)
-    return len(prompt.text or "")
 
 
 def admit_work(services: Services, tokenize: TokenizeRequest, deadline: Deadline | None) -> WorkTicket | None:
