@@ -63,6 +63,20 @@ async def measure(
     }
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The run as a table: per target, the outcomes the client saw and how long its calls took."""
+    lines = ["| target | model | requests | max_tokens | outcomes | latency p50 / p99 ms | wall s |",
+             "|---|---|---:|---:|---|---:|---:|"]  # fmt: skip
+    for row in result["rows"]:
+        outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(row["outcomes"].items()))
+        latency = row["latency_ms"]
+        lines.append(
+            f"| {row['target']} | {row['model']} | {row['requests']} | {row['max_tokens']} | {outcomes} "
+            f"| {latency['p50']:.0f} / {latency['p99']:.0f} | {row['wall_s']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m load.client_burst", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
