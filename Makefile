@@ -27,6 +27,10 @@ export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH := 67108864
 # Serve's plain-text 503s under a burst). Like the two above, it must be in the environment of
 # `ray start`. docs/deployment.md lists its ports.
 export RAY_SERVE_ENABLE_HA_PROXY := 1
+# Serve's controller wakes every 0.1 s by default: 0.034 of a core on an idle graph here, 1.9 ms of CPU per
+# request at c=32. Every 0.5 s: 0.013 core, 0.8 ms. What waits on it (deploys, autoscaling decisions,
+# replacing a dead replica) waits up to 0.4 s longer; requests never go through it.
+export RAY_SERVE_CONTROL_LOOP_INTERVAL_S := 0.5
 
 .PHONY: serve status test smoke setup models lint stop
 

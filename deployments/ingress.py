@@ -17,6 +17,7 @@ from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer, Ha
 from serve_app.config import AppArgs
 from serve_app.graph_args import GraphArgs
 from serve_app.ingress.app import create_app
+from serve_app.ingress.inline_tokenizer import InlineTokenizer
 from serve_app.ingress.router import ModelRouter
 from serve_app.ingress.services import Services
 
@@ -44,7 +45,7 @@ class Ingress:
         multimodal, vocoder = handles.get("multimodal"), handles.get("vocoder")
         services = Services.create(
             args,
-            HandleTokenizer(handles["tokenizer"], stage_lost),
+            InlineTokenizer.around(args, HandleTokenizer(handles["tokenizer"], stage_lost)),
             HandleLLM(handles["llm"], stage_lost),
             HandleMultimodal(multimodal, stage_lost) if multimodal is not None else None,
             HandleVocoder(vocoder, stage_lost) if vocoder is not None else None,

@@ -5,13 +5,13 @@ never hand-edited, and anyone can rerun it and see what it rests on.
   python -m load.benchmarks_page --add results/bench/text-vllm/results.json 20-text-vllm   # copy, render
 
 `--add RESULT NAME` copies one result file (of load.bench, load.overhead, load.health_probe,
-load.ceiling, load.tokenizer_throughput, load.overload, load.soak or load.burst) to docs/benchmarks/NAME.json, kept
-small: summaries and per-second series, not every request (the bench's /health probe timeline, ten a
-second, becomes its per-second series). One file per section, in file-name order (so NAME starts with
-a number). Every bench section gets two plots there, NAME-load.png (req/s and TTFT p50/p99 against
-the load level, the targets side by side) and NAME-health.png (/health over the run), linked from the
-page. The hand-written docs/benchmarks-notes.md (earlier results, interpretation) ends the page.
-Each result file carries the command, date and machine that produced it (load/meta.py).
+load.ceiling, load.tokenizer_throughput, load.overload, load.soak, load.burst or load.client_burst) to
+docs/benchmarks/NAME.json, kept small: summaries and per-second series, not every request (the bench's
+/health probe timeline, ten a second, becomes its per-second series). One file per section, in file-name
+order (so NAME starts with a number). Every bench section gets two plots there, NAME-load.png (req/s and
+TTFT p50/p99 against the load level, the targets side by side) and NAME-health.png (/health over the
+run), linked from the page. The hand-written docs/benchmarks-notes.md (earlier results, interpretation)
+ends the page. Each result file carries the command, date and machine that produced it (load/meta.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import load.burst
+import load.client_burst
 import load.overload
 import load.soak
 from load.bench import health, report
@@ -203,8 +204,20 @@ def burst(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def client_burst(result: dict[str, Any]) -> list[str]:
+    """A `load.client_burst` run: concurrent requests through the `openai` client, retries included."""
+    return [
+        "## Concurrent requests through the `openai` client (its retries included): what a caller ends up with",
+        "",
+        load.client_burst.markdown(result).strip(),
+        "",
+        *_meta(result),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "burst": burst,
+    "client_burst": client_burst,
     "health_probe": health_probe,
     "overhead": overhead,
     "bench": bench,

@@ -116,6 +116,14 @@ class TokenizerStageConfig(_Strict):
         le=64,
         description="Worker threads per tokenizer replica; each owns its own tokenizer copy, never shared.",
     )
+    inline_max_chars: int = Field(
+        default=2048,
+        ge=0,
+        le=100_000,
+        description="Prompts (without images) of at most this many characters are tokenized by the ingress "
+        "itself, sparing them the hop to the tokenizer stage, which costs more CPU than tokenizing them "
+        "(serve_app/ingress/inline_tokenizer.py); 0 sends every prompt to the stage.",
+    )
 
 
 class LimitsConfig(_Strict):

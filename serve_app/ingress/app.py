@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.config import AdmissionConfig
+from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OpenAIError, OverloadedError, find_openai_error
 from serve_app.ingress.admission import InFlightLimit
 from serve_app.ingress.auth import ApiKeyAuth, load_keys
@@ -29,6 +29,7 @@ from serve_app.ingress.chat.serving import create_chat_completion
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
 from serve_app.ingress.deadline import Deadline, request_deadline
+from serve_app.ingress.early_admission import EarlyAdmission
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.paths import KNOWN_PATHS, route_path
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
@@ -43,6 +44,7 @@ from serve_app.ingress.tokenize.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from serve_app.ingress.work_admission import WorkGate
 
 logger = logging.getLogger(__name__)
 
@@ -145,8 +147,16 @@ def create_app(graph: ModelRouter | Services) -> FastAPI:
         request.state.model = services.args.model.name
         return services
 
+    def gate_for(model: str | None) -> tuple[WorkGate, AppArgs] | None:
+        """The work gate of the model a raw body names (`router.lookup`); none for an unknown model (the
+        route's 404) or a missing one with several models (the route's 400)."""
+        services = router.lookup(model)
+        return (services.work, services.args) if services is not None and services.work is not None else None
+
     app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
-    # Outermost last: metrics see every answer; a request without a valid key takes no admission slot.
+    # Outermost last: metrics see every answer; a request without a valid key takes no admission slot;
+    # early admission buffers bodies the size limit already bounds.
+    app.add_middleware(EarlyAdmission, gate_for=gate_for, render=render)
     app.add_middleware(BodySizeLimit, max_bytes=router.max_request_bytes)
     app.add_middleware(InFlightLimit, limit=router.max_in_flight, render=render)
     auth = router.auth
@@ -183,7 +193,9 @@ def create_app(graph: ModelRouter | Services) -> FastAPI:
         return render(error, routed(request))
 
     def deadline_of(services: Services, header: str | None) -> Deadline | None:
-        return request_deadline(services.args.limits, header)  # each model's own `limits:`
+        # Each model's own `limits:`; called in the route, once the body names the model (no dependency:
+        # a plain `def` one would cost every request a hop to the thread pool).
+        return request_deadline(services.args.limits, header)
 
     @app.get("/health", responses={503: {"description": "A stage failed its last check (same body)."}})
     async def health() -> Response:

@@ -2,8 +2,9 @@
 
 1. Check the model name and the request's limits (n, logprobs) against the config.
 2. Multimodal stage (one unary hop, only for requests with images): fetch, decode, resize.
-3. Admission by work, when configured (`work_admission.py`): the request is weighed on an estimate
-   of its prompt and refused at once if the engine is too far behind; then the tokenizer stage (one
+3. Admission by work, when configured (`work_admission.py`): the request was weighed on an estimate
+   of its prompt as it arrived (`early_admission.py`, before parsing) and refused at once if the
+   engine is too far behind; then the tokenizer stage (one
    unary hop): render, tokenize, truncate, check the context length; the weight becomes exact.
 4. LLM stage (one streaming hop): token ids in, merged output deltas out. Tokens travel
    llm -> ingress directly, so a streamed token pays one hop, never one per stage.
@@ -23,6 +24,8 @@ from dataclasses import dataclass, field, replace
 
 from serve_app.errors import BadRequestError, DeadlineExceededError, EngineDeadError
 from serve_app.ingress.deadline import Deadline, deadline_at, within
+from serve_app.ingress.early_admission import budget, take_early_ticket
+from serve_app.ingress.inline_tokenizer import prompt_chars
 from serve_app.ingress.metrics import IngressMetrics
 from serve_app.ingress.protocol import SamplingRequest
 from serve_app.ingress.services import Services
@@ -34,7 +37,6 @@ from serve_app.messages import (
     ImagesRequest,
     ProcessedImage,
     SamplingSpec,
-    SpeechPrompt,
     TextPrompt,
     TokenizeRequest,
 )
@@ -185,25 +187,20 @@ async def start_generation(
     )
 
 
-def prompt_chars(prompt: ChatPrompt | TextPrompt | SpeechPrompt) -> int:
-    """Characters of the prompt's text (chat: of its messages' text parts)."""
-    if isinstance(prompt, ChatPrompt):
-        return sum(len(str(m.get("content") or "")) for m in prompt.messages)
-    return len(prompt.text or "")
-
-
 def admit_work(services: Services, tokenize: TokenizeRequest, deadline: Deadline | None) -> WorkTicket | None:
     """Step 3's admission by work, if configured: the request's ticket, weighed before it is tokenized
     (`work_admission.py`), or OverloadedError."""
     if services.work is None:
         return None
     DeadlineExceededError.check(deadline_at(deadline), "ingress")  # a 504, not an overload, once it passed
+    early = take_early_ticket()  # weighed on arrival, before parsing (`early_admission.py`)
+    if early is not None:
+        return early
     prompt = tokenize.prompt
     exact = prompt.token_ids if isinstance(prompt, TextPrompt) else None
     prompt_tokens = len(exact) if exact is not None else services.work.estimate_tokens(prompt_chars(prompt))
     prompt_tokens += sum(tokenize.image_tokens)
-    room = services.args.model.max_model_len - prompt_tokens
-    max_tokens = max(0, min(tokenize.max_tokens or room, room))
+    max_tokens = budget(services.args, prompt_tokens, tokenize.max_tokens)
     return services.work.admit(prompt_tokens, max_tokens, None if deadline is None else deadline.remaining())
 
 

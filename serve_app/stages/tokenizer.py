@@ -111,10 +111,11 @@ class TokenizerStage:
             self._speech = OrpheusLayout.from_tokenizer(tok) if speech else None
 
     @classmethod
-    def from_args(cls, args: AppArgs) -> TokenizerStage:
+    def from_args(cls, args: AppArgs, threads: int | None = None) -> TokenizerStage:
+        """The stage for `args`, with `threads` worker threads (default `tokenizer.threads`)."""
         factory = load_hf_tokenizer(args.model.tokenizer_path, args.model.trust_remote_code)
         return cls(
-            factory, args.model.max_model_len, args.tokenizer.threads,
+            factory, args.model.max_model_len, threads or args.tokenizer.threads,
             vision=args.multimodal is not None, speech=args.tts is not None,
         )  # fmt: skip
 

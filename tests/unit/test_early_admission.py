@@ -1,0 +1,140 @@
+"""serve_app/ingress/early_admission.py: weighing a generation request from its raw JSON, before FastAPI."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from starlette.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
+
+from serve_app.config import AdmissionConfig, AppArgs
+from serve_app.errors import OpenAIError
+from serve_app.ingress.app import create_app
+from serve_app.ingress.clients import LocalTokenizer
+from serve_app.ingress.early_admission import EarlyAdmission, Weight, weigh
+from serve_app.ingress.services import Services
+from serve_app.ingress.work_admission import WorkGate
+from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
+from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.conftest import FakeLLM
+
+
+def test_weigh_reads_the_first_prompt_and_the_generation_budget() -> None:
+    chat = {"messages": [{"role": "user", "content": "hello"},
+                         {"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "image_url"}]}],
+            "max_completion_tokens": 7, "n": 2}  # fmt: skip
+    assert weigh("/v1/chat/completions", chat) == Weight(8, None, 7, 2)
+    assert weigh("/v1/completions", {"prompt": ["four", "longer"], "max_tokens": 3}) == Weight(4, None, 3, 1)
+    assert weigh("/v1/completions", {"prompt": [1, 2, 3]}) == Weight(0, 3, None, 1)
+    assert weigh("/v1/completions", {"prompt": [[1, 2], [3]]}) == Weight(0, 2, None, 1)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"prompt": 5}, {"prompt": "a", "max_tokens": "9"}, {"prompt": "a", "n": 0}, {"prompt": "a", "max_tokens": True}],
+)
+def test_a_body_of_another_shape_is_left_to_the_route(body: dict[str, object]) -> None:
+    assert weigh("/v1/completions", body) is None
+    assert weigh("/v1/chat/completions", {"messages": "hi"}) is None
+
+
+class HeldLLM(FakeLLM):
+    """Holds every stream after its first chunk until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        first = True
+        async for chunk in super().generate(request):
+            yield chunk
+            if first:
+                first = False
+                await self.release.wait()
+
+
+class CountingTokenizer(LocalTokenizer):
+    def __init__(self, stage: TokenizerStage) -> None:
+        super().__init__(stage)
+        self.calls = 0
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        self.calls += 1
+        return await super().tokenize(request)
+
+
+@pytest.fixture
+def gated(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> tuple[Services, CountingTokenizer, HeldLLM]:
+    # 100 generated tokens per second and 1 s of wait: two requests of 40 tokens fit, a third does not.
+    admission = AdmissionConfig(prefill_tokens_per_s=1e6, decode_tokens_per_s=100, max_wait_s=1.0, retry_after_s=3)
+    tokenizer, llm = CountingTokenizer(tokenizer_stage), HeldLLM()
+    return Services.create(app_args.model_copy(update={"admission": admission}), tokenizer, llm), tokenizer, llm
+
+
+async def test_a_burst_is_refused_in_arrival_order_before_any_admitted_request_runs(
+    gated: tuple[Services, CountingTokenizer, HeldLLM],
+) -> None:
+    services, tokenizer, llm = gated
+    transport = httpx.ASGITransport(app=create_app(services))
+    async with httpx.AsyncClient(transport=transport, base_url="http://graph") as client:
+        body = {"model": "tiny-chat", "prompt": "hello there", "max_tokens": 40, "stream": True}
+
+        async def post() -> httpx.Response:
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                await response.aread()  # a served stream ends only once the engine lets it go
+                return response
+
+        burst = [asyncio.create_task(post()) for _ in range(10)]
+        refusals = []
+        while len(refusals) < 8:  # refused while the two admitted streams are still held by the engine
+            done, _ = await asyncio.wait(burst, return_when=asyncio.FIRST_COMPLETED)
+            refusals = [t.result() for t in burst if t.done()]
+            assert not llm.release.is_set() and done
+        assert [r.status_code for r in refusals] == [503] * 8
+        assert all(r.headers["Retry-After"] == "3" for r in refusals)
+        assert refusals[0].json()["error"]["code"] == "overloaded"
+        assert tokenizer.calls == 2  # a refusal costs no tokenizer work
+        llm.release.set()
+        served = await asyncio.gather(*burst)
+        assert sorted(r.status_code for r in served) == [200] * 2 + [503] * 8
+    assert services.work is not None and services.work.backlog_s == 0.0 and services.work.live == 0
+
+
+async def test_a_request_the_route_refuses_gives_its_ticket_back(
+    gated: tuple[Services, CountingTokenizer, HeldLLM],
+) -> None:
+    services, tokenizer, _ = gated
+    transport = httpx.ASGITransport(app=create_app(services))
+    async with httpx.AsyncClient(transport=transport, base_url="http://graph") as client:
+        # Weighed and admitted from its raw JSON, then refused by the route's validation (unknown field value).
+        response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 40, "temperature": -1})
+        assert response.status_code == 400
+        unknown = await client.post("/v1/completions", json={"model": "nope", "prompt": "hi", "max_tokens": 40})
+        assert unknown.status_code == 404
+    assert services.work is not None and services.work.backlog_s == 0.0 and services.work.live == 0
+    assert tokenizer.calls == 0
+
+
+async def test_every_request_of_a_burst_is_weighed_before_any_goes_on(app_args: AppArgs) -> None:
+    gate = WorkGate(prefill_tokens_per_s=1e6, decode_tokens_per_s=100, max_wait_s=1.0)
+    seen: list[int] = []  # tickets live when each admitted request reached the application
+
+    async def application(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(gate.live)
+        await JSONResponse({})(scope, receive, send)
+
+    def render(error: OpenAIError) -> JSONResponse:
+        return JSONResponse({"refused": error.message}, status_code=503)
+
+    early = EarlyAdmission(application, lambda model: (gate, app_args), render)
+    transport = httpx.ASGITransport(app=early)
+    async with httpx.AsyncClient(transport=transport, base_url="http://graph") as client:
+        body = {"prompt": "hi", "max_tokens": 40}
+        answers = await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(5)))
+    assert sorted(a.status_code for a in answers) == [200, 200, 503, 503, 503]
+    assert seen[0] == 2  # the first admitted request went on only once the whole burst was weighed
+    assert gate.live == 0 and gate.backlog_s == 0.0

@@ -1,0 +1,62 @@
+"""serve_app/ingress/inline_tokenizer.py: short prompts tokenized in the ingress, the rest in the stage."""
+
+from __future__ import annotations
+
+from serve_app.config import AppArgs, TokenizerStageConfig
+from serve_app.ingress.clients import LocalTokenizer
+from serve_app.ingress.inline_tokenizer import InlineTokenizer
+from serve_app.messages import ChatPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
+from serve_app.stages.tokenizer import TokenizerStage
+
+
+class RecordingStage(LocalTokenizer):
+    """The tokenizer stage as the ingress reaches it, recording what it was sent."""
+
+    def __init__(self, stage: TokenizerStage) -> None:
+        super().__init__(stage)
+        self.sent: list[TokenizeRequest] = []
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        self.sent.append(request)
+        return await super().tokenize(request)
+
+
+def inline(app_args: AppArgs, stage: RecordingStage, max_chars: int) -> InlineTokenizer:
+    args = app_args.model_copy(update={"tokenizer": TokenizerStageConfig(inline_max_chars=max_chars)})
+    client = InlineTokenizer.around(args, stage)
+    assert isinstance(client, InlineTokenizer)
+    return client
+
+
+CHAT = ChatPrompt(messages=[{"role": "user", "content": "Say something about tokenizers."}])
+
+
+async def test_a_short_prompt_never_reaches_the_stage_and_gets_the_stages_ids(
+    app_args: AppArgs, tokenizer_stage: TokenizerStage
+) -> None:
+    stage = RecordingStage(tokenizer_stage)
+    client = inline(app_args, stage, max_chars=100)
+    for prompt in (CHAT, TextPrompt(text="hello world")):
+        request = TokenizeRequest(prompt, add_special_tokens=True, max_tokens=5)
+        local = await client.tokenize(request)
+        assert local.token_ids == (await LocalTokenizer(tokenizer_stage).tokenize(request)).token_ids
+    assert stage.sent == []
+
+
+async def test_a_long_prompt_goes_to_the_stage(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
+    stage = RecordingStage(tokenizer_stage)
+    request = TokenizeRequest(TextPrompt(text="x" * 101), add_special_tokens=True)
+    await inline(app_args, stage, max_chars=100).tokenize(request)
+    assert stage.sent == [request]
+
+
+def test_a_prompt_with_images_is_the_stages(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
+    client = inline(app_args, RecordingStage(tokenizer_stage), max_chars=100)
+    assert not client.inlines(TokenizeRequest(CHAT, add_special_tokens=True, image_tokens=[16]))
+    assert client.inlines(TokenizeRequest(CHAT, add_special_tokens=True))
+
+
+def test_zero_inlines_nothing(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
+    stage = LocalTokenizer(tokenizer_stage)
+    args = app_args.model_copy(update={"tokenizer": TokenizerStageConfig(inline_max_chars=0)})
+    assert InlineTokenizer.around(args, stage) is stage
