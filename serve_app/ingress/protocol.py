@@ -134,12 +134,6 @@ class SamplingRequest(OpenAIRequest):
         )
 
 
-class UsageInfo(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-
-
 class ErrorInfo(BaseModel):
     message: str
     type: str
@@ -163,7 +157,3 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-def drop_none(payload: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in payload.items() if v is not None}

@@ -71,13 +71,6 @@ def test_stage_returns_pcm16(stage: VocoderStage, decoder: SnacDecoder) -> None:
     np.testing.assert_allclose(samples, expected, atol=1)
 
 
-def test_stage_batch_keeps_order(stage: VocoderStage) -> None:
-    requests = [VocodeRequest(random_frames(1, seed=7), 0), VocodeRequest(random_frames(2, seed=8), 0)]
-    chunks = stage.decode_batch(requests)
-    assert [len(c.pcm) for c in chunks] == [2 * SAMPLES_PER_FRAME, 4 * SAMPLES_PER_FRAME]
-    assert chunks[0].pcm == stage.decode(requests[0]).pcm
-
-
 @pytest.mark.parametrize(
     ("frames", "context", "message"),
     [
@@ -92,7 +85,7 @@ def test_stage_batch_keeps_order(stage: VocoderStage) -> None:
 )
 def test_bad_requests_are_400(stage: VocoderStage, frames: list[list[int]], context: int, message: str) -> None:
     with pytest.raises(BadRequestError, match=message) as info:
-        stage.decode_batch([VocodeRequest(random_frames(1, seed=10), 0), VocodeRequest(frames, context)])
+        stage.decode(VocodeRequest(frames, context))
     assert info.value.status_code == 400
     assert info.value.param == "frames"
 
