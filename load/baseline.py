@@ -25,7 +25,7 @@ from serve_app.stages.vocoder import VocoderStage
 
 
 class LoopTokenizer:
-    """Tokenizes on the event loop itself: a monolith before vLLM PR #10635 (seed 002)."""
+    """Tokenizes on the event loop itself: a monolith before vLLM PR #10635."""
 
     def __init__(self, stage: TokenizerStage) -> None:
         self._stage = stage
