@@ -9,7 +9,7 @@ from typing import Any
 from starlette.responses import JSONResponse, StreamingResponse
 
 from serve_app.ingress import sse
-from serve_app.ingress.chat.protocol import ChatCompletionRequest, ChatMessage, ImagePart
+from serve_app.ingress.chat.protocol import ChatCompletionRequest
 from serve_app.ingress.deadline import Deadline
 from serve_app.ingress.pipeline import (
     ChoiceState,
@@ -21,7 +21,9 @@ from serve_app.ingress.pipeline import (
     start_stream,
     timing_headers,
 )
-from serve_app.messages import ChatPrompt, TokenLogprob
+from serve_app.ingress.prompts import chat_prompt
+from serve_app.ingress.protocol import usage
+from serve_app.messages import TokenLogprob
 
 
 def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
@@ -38,46 +40,17 @@ def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def split_images(chat: list[ChatMessage]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The messages with each image part replaced by an `{"type": "image"}` placeholder, and the image
-    URLs in prompt order: the (possibly megabytes of) image data goes to the multimodal stage only."""
-    messages: list[dict[str, Any]] = []
-    urls: list[str] = []
-    for message in chat:
-        dumped = message.model_dump(exclude_none=True)
-        if isinstance(message.content, list):
-            parts: list[dict[str, Any]] = []
-            for part in message.content:
-                if isinstance(part, ImagePart):
-                    urls.append(part.image_url.url)
-                    parts.append({"type": "image"})
-                else:
-                    parts.append(part.model_dump(exclude_none=True))
-            dumped["content"] = parts
-        messages.append(dumped)
-    return messages, urls
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
 async def create_chat_completion(
     services: Services, request: ChatCompletionRequest, deadline: Deadline | None = None
 ) -> Any:
     model = check_model(services, request.model)
     logprobs = request.logprobs_k()
     check_limits(services, request, logprobs)
-    messages, image_urls = split_images(request.messages)
-    prompt = ChatPrompt(
-        messages=messages,
+    prompt, image_urls = chat_prompt(
+        request.messages,
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
-        chat_template_kwargs=dict(request.chat_template_kwargs or {}),
+        chat_template_kwargs=request.chat_template_kwargs,
     )
     start = time.perf_counter()
     stream = await start_stream(

@@ -15,7 +15,6 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from serve_app.errors import BadRequestError
 from serve_app.ingress import sse
-from serve_app.ingress.chat.serving import usage
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.deadline import Deadline, within
 from serve_app.ingress.pipeline import (
@@ -29,6 +28,7 @@ from serve_app.ingress.pipeline import (
     start_stream,
     timing_headers,
 )
+from serve_app.ingress.protocol import usage
 from serve_app.messages import TextPrompt, TokenLogprob
 
 
