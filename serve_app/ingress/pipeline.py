@@ -320,7 +320,9 @@ def timing_headers(timings: dict[str, float]) -> dict[str, str]:
     return {names[k]: f"{v * 1000:.3f}" for k, v in timings.items() if k in names}
 
 
-async def merge(streams: list[AsyncIterator[GenerationChunk]]) -> AsyncIterator[tuple[int, GenerationChunk]]:
+async def merge(
+    streams: list[AsyncIterator[GenerationChunk]],
+) -> AsyncGenerator[tuple[int, GenerationChunk], None]:
     """Chunks of several streams as they arrive, tagged with the stream's position."""
     if len(streams) == 1:
         async for chunk in streams[0]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
 from serve_app.ingress import sse
 from serve_app.ingress.chat.protocol import ChatCompletionRequest
+from serve_app.ingress.closing_response import ClosingStreamingResponse
 from serve_app.ingress.deadline import Deadline
 from serve_app.ingress.pipeline import (
     ChoiceState,
@@ -58,10 +59,14 @@ async def create_chat_completion(
         request_id=new_request_id("chatcmpl"), image_urls=image_urls, deadline=deadline,
     )  # fmt: skip
     if request.stream:
-        return StreamingResponse(
-            sse.encode(_events(request, stream, model)),
-            media_type="text/event-stream",
-            headers=timing_headers(stream.timings),
+        events = _events(request, stream, model)
+
+        async def close() -> None:
+            await events.aclose()
+            await stream.close()  # gives the work back also when the events never started
+
+        return ClosingStreamingResponse(
+            sse.encode(events), close, media_type="text/event-stream", headers=timing_headers(stream.timings)
         )
     choices = [ChoiceState() for _ in range(request.n)]
     async for chunk in stream.chunks():
@@ -89,7 +94,7 @@ async def create_chat_completion(
     return JSONResponse(body, headers=timing_headers(stream.timings))
 
 
-async def _events(request: ChatCompletionRequest, stream: Stream, model: str) -> AsyncIterator[dict[str, Any]]:
+async def _events(request: ChatCompletionRequest, stream: Stream, model: str) -> AsyncGenerator[dict[str, Any], None]:
     created = int(time.time())
     options = request.stream_options
     include_usage = bool(options and options.include_usage)
