@@ -1,5 +1,10 @@
 """The stages called in-process, as the ingress's clients (`serve_app/ingress/clients.py`): for unit
-tests and for the single-process baseline that the benchmarks compare the graph against."""
+tests and for the single-process baseline that the benchmarks compare the graph against.
+
+The tokenizer, multimodal and vocoder deployments are these classes (they subclass them), and the
+ingress's handles call their methods by name (`deployments/handles.py`): a new unary stage method is
+the stage's code, its line in the client Protocol, its method here and one line in the handle.
+"""
 
 from __future__ import annotations
 
