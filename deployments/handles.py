@@ -88,7 +88,8 @@ class _UnaryHandle:
             raise _stage_lost(self.stage, exc, self._on_lost) from exc
 
     async def check_health(self) -> None:
-        await self._call("ping")
+        # The deployment's `check_health`, the one Serve itself polls: a stage that answers is healthy.
+        await self._call("check_health")
 
 
 P = ParamSpec("P")
@@ -159,7 +160,7 @@ class HandleLLM:
 
     async def check_health(self) -> None:
         try:
-            await self._handle.ping.remote()
+            await self._handle.check_health.remote()
         except BackPressureError:
             # Rejected by full queues means replicas are up and working, not dead; admission control
             # reports the overload to the requests themselves.

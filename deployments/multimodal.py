@@ -18,9 +18,5 @@ class Multimodal(LocalMultimodal):
     def __init__(self, args: AppArgs) -> None:
         super().__init__(MultimodalStage.from_args(args))
 
-    async def ping(self) -> None:
-        """The ingress's health poll (`deployments/handles.py`): answering is the check."""
-        return None
-
     async def __del__(self) -> None:
         await self._stage.close()

@@ -19,9 +19,5 @@ class Tokenizer(LocalTokenizer):
     def __init__(self, args: AppArgs) -> None:
         super().__init__(TokenizerStage.from_args(args))
 
-    async def ping(self) -> None:
-        """The ingress's health poll (`deployments/handles.py`): answering is the check."""
-        return None
-
     def __del__(self) -> None:
         self._stage.close()
