@@ -9,7 +9,6 @@ import pytest
 
 from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OverloadedError
-from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.pipeline import Services, start_generation
 from serve_app.ingress.work_admission import WorkGate
 from serve_app.messages import (
@@ -20,6 +19,7 @@ from serve_app.messages import (
     TokenizedPrompt,
     TokenizeRequest,
 )
+from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
 
