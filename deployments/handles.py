@@ -1,10 +1,14 @@
-"""`serve_app.ingress.clients` over Ray Serve deployment handles."""
+"""`serve_app.ingress.clients` over Ray Serve deployment handles.
+
+A unary client method is one line, `name = unary(TheClient.name)`: it calls the deployment's method
+of the same name, with the client Protocol's types.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from grpc import StatusCode
 from grpc.aio import AioRpcError
@@ -12,7 +16,6 @@ from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.errors import (
     EngineDeadError,
     OpenAIError,
@@ -21,16 +24,8 @@ from serve_app.errors import (
     StageUnavailableError,
     find_openai_error,
 )
-from serve_app.messages import (
-    AudioChunk,
-    GenerateRequest,
-    GenerationChunk,
-    ImagesRequest,
-    ProcessedImages,
-    TokenizedPrompt,
-    TokenizeRequest,
-    VocodeRequest,
-)
+from serve_app.ingress.clients import MultimodalClient, TokenizerClient, VocoderClient
+from serve_app.messages import GenerateRequest, GenerationChunk
 
 
 def _overloaded(stage: str, exc: BackPressureError) -> OverloadedError:
@@ -77,9 +72,9 @@ class _UnaryHandle:
         self._handle = handle
         self._on_lost = on_lost
 
-    async def _call(self, method: str, *args: Any) -> Any:
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         try:
-            response = getattr(self._handle, method).remote(*args)
+            response = getattr(self._handle, method).remote(*args, **kwargs)
             try:
                 return await response
             except asyncio.CancelledError:
@@ -93,38 +88,43 @@ class _UnaryHandle:
             raise _stage_lost(self.stage, exc, self._on_lost) from exc
 
     async def check_health(self) -> None:
-        await self._call("ping")
+        # The deployment's `check_health`, the one Serve itself polls: a stage that answers is healthy.
+        await self._call("check_health")
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def unary(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[_UnaryHandle, P], Coroutine[Any, Any, R]]:
+    """The client method `method` (of a client Protocol) as a call to the stage's method of its name."""
+    name = method.__name__
+
+    async def call(self: _UnaryHandle, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        result: R = await self._call(name, *args, **kwargs)
+        return result
+
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 class HandleTokenizer(_UnaryHandle):
     stage = "tokenizer"
-
-    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
-        result: TokenizedPrompt = await self._call("tokenize", request)
-        return result
-
-    async def detokenize(self, token_ids: list[int]) -> str:
-        return str(await self._call("detokenize", token_ids))
-
-    async def speech_layout(self) -> OrpheusLayout | None:
-        layout: OrpheusLayout | None = await self._call("speech_layout")
-        return layout
+    tokenize = unary(TokenizerClient.tokenize)
+    detokenize = unary(TokenizerClient.detokenize)
+    speech_layout = unary(TokenizerClient.speech_layout)
 
 
 class HandleMultimodal(_UnaryHandle):
     stage = "multimodal"
-
-    async def process(self, request: ImagesRequest) -> ProcessedImages:
-        result: ProcessedImages = await self._call("process", request)
-        return result
+    process = unary(MultimodalClient.process)
 
 
 class HandleVocoder(_UnaryHandle):
     stage = "vocoder"
-
-    async def decode(self, request: VocodeRequest) -> AudioChunk:
-        result: AudioChunk = await self._call("decode", request)
-        return result
+    decode = unary(VocoderClient.decode)
 
 
 class HandleLLM:
@@ -160,7 +160,7 @@ class HandleLLM:
 
     async def check_health(self) -> None:
         try:
-            await self._handle.ping.remote()
+            await self._handle.check_health.remote()
         except BackPressureError:
             # Rejected by full queues means replicas are up and working, not dead; admission control
             # reports the overload to the requests themselves.

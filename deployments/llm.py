@@ -1,7 +1,7 @@
 """LLM deployment: `LLMStage` (the vLLM engine) in its own replicas.
 
-Ray Serve calls `check_health` periodically; an engine that died fails it, and Serve replaces the
-replica.
+Ray Serve calls `check_health` periodically, and the ingress's health poll calls it through its handle;
+an engine that died fails it, and Serve replaces the replica.
 """
 
 from __future__ import annotations
@@ -27,9 +27,6 @@ class LLM:
             yield chunk
 
     async def check_health(self) -> None:
-        await self._stage.check_health()
-
-    async def ping(self) -> None:
         await self._stage.check_health()
 
     def num_unfinished_requests(self) -> int:

@@ -15,17 +15,18 @@ import uvicorn
 from load.serve_config import load_in_process
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.ingress.app import create_app
-from serve_app.ingress.clients import LocalLLM, LocalMultimodal, LocalTokenizer, LocalVocoder, TokenizerClient
+from serve_app.ingress.clients import TokenizerClient
 from serve_app.ingress.services import Services
 from serve_app.messages import TokenizedPrompt, TokenizeRequest
 from serve_app.stages.llm import LLMStage
+from serve_app.stages.local import LocalLLM, LocalMultimodal, LocalTokenizer, LocalVocoder
 from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage
 from serve_app.stages.vocoder import VocoderStage
 
 
 class LoopTokenizer:
-    """Tokenizes on the event loop itself: a monolith before vLLM PR #10635 (seed 002)."""
+    """Tokenizes on the event loop itself: a monolith before vLLM PR #10635."""
 
     def __init__(self, stage: TokenizerStage) -> None:
         self._stage = stage

@@ -47,8 +47,8 @@ URL served all three) unless a section says otherwise. Ratios are between target
 in the same run; a ratio against a target that ran handicapped is marked ⚠ and says why. Targets:
 `graph` is this project on Ray Serve; `vllm` is `vllm serve` of the same model with the same engine
 settings; `baseline` is the same ingress app and stage classes in one uvicorn process, tokenizing and
-decoding images in thread pools (what vLLM does since seeds 000 and 002); `baseline_loop` tokenizes
-on the event loop (vLLM before seed 002's fix); `engine_direct` is the engine called in-process with
+decoding images in thread pools (what vLLM does since vLLM PRs #34789 and #10635); `baseline_loop` tokenizes
+on the event loop (vLLM before PR #10635); `engine_direct` is the engine called in-process with
 token ids. "CPU ms/req outside engine" is the CPU time (user + system) of a target's processes other
 than vLLM's engine, per successful request (load/bench/cpu.py).
 """

@@ -1,4 +1,4 @@
-"""Overload: a target's capacity, then Poisson (open-loop) load at multiples of it, in one run (issue 6).
+"""Overload: a target's capacity, then Poisson (open-loop) load at multiples of it, in one run.
 
   python -m load.overload --target http://127.0.0.1:8000 --multipliers 1 2 3 --duration 60 --ttft-slo-ms 1000
   python -m load.overload --start graph:configs/cpu-tiny.yaml@tiny-chat --capacity 12 --duration 20

@@ -1,4 +1,4 @@
-"""Soak: hours-long-style mixed traffic against the default config's three models, in time windows (issue 7).
+"""Soak: hours-long-style mixed traffic against the default config's three models, in time windows.
 
   python -m load.soak --url http://127.0.0.1:8000 --rate text=4 image=1 speech=0.2 --duration 600 --window 60
 

@@ -292,7 +292,10 @@ class AdmissionConfig(_Strict):
     status_code: Literal[503, 429] = Field(
         default=503, description="HTTP status of a rejection: 503 (server busy) or 429 (clients that back off on it)."
     )
-    retry_after_s: int = Field(default=1, ge=0, le=3600, description="`Retry-After` header of a rejection, in seconds.")
+    retry_after_s: int = Field(
+        default=1, ge=0, le=3600,
+        description="Seconds in the `Retry-After` of a rejection (also of a key over `auth.max_concurrent_per_key`).",
+    )  # fmt: skip
     max_in_flight: int | None = Field(
         default=None,
         ge=1,

@@ -2,12 +2,25 @@
 
 Stages raise these instead of returning error values so that a bad request stops the pipeline at the
 stage that finds the problem; Ray re-raises them in the caller as instances of the same class.
+`error_body` and `error_response` are the one place the OpenAI error body and its HTTP answer are made.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+from starlette.responses import JSONResponse
+
+from serve_app.config import AdmissionConfig
+
+
+def error_body(
+    message: str, error_type: str, *, param: str | None = None, code: int | str | None = None
+) -> dict[str, Any]:
+    """The OpenAI error body, `{"error": {"message", "type", "param", "code"}}`: every error the
+    server answers (HTTP status or stream event) is built here."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
 class OpenAIError(Exception):
@@ -27,14 +40,8 @@ class OpenAIError(Exception):
         return (_rebuild, (type(self), self.message, self.param, self.code))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.error_type,
-                "param": self.param,
-                "code": self.code if self.code is not None else self.status_code,
-            }
-        }
+        code = self.code if self.code is not None else self.status_code
+        return error_body(self.message, self.error_type, param=self.param, code=code)
 
 
 def _rebuild(cls: type[OpenAIError], message: str, param: str | None, code: str | None) -> OpenAIError:
@@ -87,8 +94,6 @@ class OverloadedError(ServiceUnavailableError):
     `max_streams`, `ingress_full`, `expected_wait`). The ingress answers it with the `admission:` status
     and Retry-After, and counts it."""
 
-    retry_after_s = 1
-
     def __init__(
         self,
         message: str,
@@ -136,8 +141,25 @@ class PayloadTooLargeError(OpenAIError):
 
 
 class RateLimitError(OpenAIError):
-    """A client over its own share (`auth.max_concurrent_per_key`); it should retry after `retry_after_s`."""
+    """A client over its own share (`auth.max_concurrent_per_key`); answered 429 with Retry-After."""
 
     status_code = 429
     error_type = "RateLimitError"
-    retry_after_s = 1
+
+
+def error_response(error: OpenAIError, admission: AdmissionConfig | None = None) -> JSONResponse:
+    """`error` as an HTTP answer. A refusal carries `admission.retry_after_s` as Retry-After; a
+    request not admitted (OverloadedError) also gets the `admission:` status."""
+    admission = admission or AdmissionConfig()
+    body = error.to_dict()
+    if isinstance(error, RateLimitError):
+        return JSONResponse(body, status_code=error.status_code, headers=_retry_after(admission))
+    if not isinstance(error, OverloadedError):
+        return JSONResponse(body, status_code=error.status_code)
+    if admission.status_code == 429:
+        body["error"]["type"] = "RateLimitError"
+    return JSONResponse(body, status_code=admission.status_code, headers=_retry_after(admission))
+
+
+def _retry_after(admission: AdmissionConfig) -> dict[str, str]:
+    return {"Retry-After": str(admission.retry_after_s)}

@@ -19,8 +19,15 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.config import AdmissionConfig, AppArgs
-from serve_app.errors import OpenAIError, OverloadedError, find_openai_error
+from serve_app.config import AppArgs
+from serve_app.errors import (
+    BadRequestError,
+    OpenAIError,
+    OverloadedError,
+    error_body,
+    error_response,
+    find_openai_error,
+)
 from serve_app.ingress.admission import InFlightLimit
 from serve_app.ingress.auth import ApiKeyAuth, load_keys
 from serve_app.ingress.body_limit import BodySizeLimit
@@ -58,18 +65,6 @@ _STREAMING: dict[int | str, dict[str, Any]] = {
     200: {"content": {"text/event-stream": {}}},
     **_ERRORS,
 }
-
-
-def error_response(error: OpenAIError, admission: AdmissionConfig | None = None) -> JSONResponse:
-    """`error` as OpenAI JSON; a request not admitted gets the `admission:` status and Retry-After."""
-    if not isinstance(error, OverloadedError):
-        return JSONResponse(error.to_dict(), status_code=error.status_code)
-    admission = admission or AdmissionConfig()
-    body = error.to_dict()
-    if admission.status_code == 429:
-        body["error"]["type"] = "RateLimitError"
-    headers = {"Retry-After": str(admission.retry_after_s)}
-    return JSONResponse(body, status_code=admission.status_code, headers=headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -160,7 +155,9 @@ def create_app(graph: ModelRouter | Services) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=router.max_request_bytes)
     app.add_middleware(InFlightLimit, limit=router.max_in_flight, render=render)
     auth = router.auth
-    app.add_middleware(ApiKeyAuth, keys=load_keys(auth), max_concurrent_per_key=auth.max_concurrent_per_key)
+    app.add_middleware(
+        ApiKeyAuth, keys=load_keys(auth), max_concurrent_per_key=auth.max_concurrent_per_key, render=render
+    )
     app.add_middleware(_RequestMetrics, metrics=router.metrics)
 
     @app.exception_handler(OpenAIError)
@@ -170,19 +167,16 @@ def create_app(graph: ModelRouter | Services) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = _validation_message(exc)
-        return JSONResponse(
-            {"error": {"message": message, "type": "BadRequestError", "param": param, "code": 400}},
-            status_code=400,
-        )
+        return error_response(BadRequestError(message, param=param))
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
         # FastAPI's own 4xx (a body that is not UTF-8 or nests too deep, unknown route, wrong method)
         # in the OpenAI shape rather than `{"detail": ...}`.
         message = "The request body is not valid JSON." if exc.status_code == 400 else str(exc.detail)
-        error = {"message": message, "type": "BadRequestError" if exc.status_code < 500 else "InternalServerError",
-                 "param": None, "code": exc.status_code}  # fmt: skip
-        return JSONResponse({"error": error}, status_code=exc.status_code, headers=exc.headers)
+        error_type = "BadRequestError" if exc.status_code < 500 else "InternalServerError"
+        body = error_body(message, error_type, code=exc.status_code)
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

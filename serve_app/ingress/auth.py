@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Callable
 
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.config import AuthConfig
-from serve_app.errors import AuthenticationError, OpenAIError, RateLimitError
+from serve_app.errors import AuthenticationError, OpenAIError, RateLimitError, error_response
 from serve_app.ingress.in_flight import InFlight
 from serve_app.ingress.paths import route_path
 
@@ -34,10 +35,18 @@ def load_keys(config: AuthConfig) -> list[bytes]:
 
 
 class ApiKeyAuth:
-    def __init__(self, app: ASGIApp, keys: list[bytes], max_concurrent_per_key: int | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: list[bytes],
+        max_concurrent_per_key: int | None = None,
+        render: Callable[[OpenAIError], Response] = error_response,
+    ) -> None:
         self.app = app
         self.keys = keys
         self.max_concurrent = max_concurrent_per_key
+        # The app's renderer: a key over its limit gets the config's Retry-After (`admission.retry_after_s`).
+        self.render = render
         # Requests in progress per key, by the key's position in `keys`: the keys themselves stay out of it.
         self.in_flight = InFlight()
 
@@ -57,7 +66,7 @@ class ApiKeyAuth:
         index = self._key_index(dict(scope["headers"]).get(b"authorization"))
         if index is None:
             message = "Incorrect or missing API key: send `Authorization: Bearer <key>`."
-            await _reject(AuthenticationError(message, code="invalid_api_key"), scope, receive, send)
+            await self.render(AuthenticationError(message, code="invalid_api_key"))(scope, receive, send)
             return
         if self.max_concurrent is not None and self.in_flight.count(index) >= self.max_concurrent:
             busy = RateLimitError(
@@ -65,12 +74,6 @@ class ApiKeyAuth:
                 "(auth.max_concurrent_per_key); retry when one has finished.",
                 code="too_many_concurrent_requests",
             )
-            await _reject(busy, scope, receive, send, {"Retry-After": str(busy.retry_after_s)})
+            await self.render(busy)(scope, receive, send)
             return
         await self.in_flight.run(self.app, scope, receive, send, key=index)
-
-
-async def _reject(
-    error: OpenAIError, scope: Scope, receive: Receive, send: Send, headers: dict[str, str] | None = None
-) -> None:
-    await JSONResponse(error.to_dict(), status_code=error.status_code, headers=headers)(scope, receive, send)

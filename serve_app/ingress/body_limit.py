@@ -7,10 +7,9 @@ are counted as they stream in: going over answers 413 at once and tells the app 
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.errors import PayloadTooLargeError
+from serve_app.errors import PayloadTooLargeError, error_response
 
 
 class BodySizeLimit:
@@ -22,7 +21,7 @@ class BodySizeLimit:
         error = PayloadTooLargeError(
             f"The request body exceeds {self.max_bytes} bytes (limits.max_request_bytes).", code="request_too_large"
         )
-        await JSONResponse(error.to_dict(), status_code=error.status_code)(scope, receive, send)
+        await error_response(error)(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

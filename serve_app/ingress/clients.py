@@ -1,8 +1,9 @@
-"""How the ingress reaches the stages: one interface, two transports.
+"""How the ingress reaches the stages: what it needs of each, whatever the transport.
 
-`deployments/handles.py` implements these over Ray Serve handles; the in-process classes here call
-the stage objects directly, for unit tests and for the single-process baseline that the benchmarks
-compare the graph against.
+`deployments/handles.py` implements these over Ray Serve handles; `serve_app/stages/local.py` calls
+the stage objects in-process, for unit tests and for the single-process baseline that the benchmarks
+compare the graph against. Nothing here imports a stage, so the ingress replica loads none of their
+libraries.
 """
 
 from __future__ import annotations
@@ -21,10 +22,6 @@ from serve_app.messages import (
     TokenizeRequest,
     VocodeRequest,
 )
-from serve_app.stages.llm import LLMStage
-from serve_app.stages.multimodal import MultimodalStage
-from serve_app.stages.tokenizer import TokenizerStage
-from serve_app.stages.vocoder import VocoderStage
 
 
 class TokenizerClient(Protocol):
@@ -55,57 +52,3 @@ class LLMClient(Protocol):
     async def check_health(self) -> None: ...
 
     async def metrics_text(self) -> str: ...
-
-
-class LocalTokenizer:
-    def __init__(self, stage: TokenizerStage) -> None:
-        self._stage = stage
-
-    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
-        return await self._stage.tokenize_async(request)
-
-    async def detokenize(self, token_ids: list[int]) -> str:
-        return await self._stage.detokenize_async(token_ids)
-
-    async def speech_layout(self) -> OrpheusLayout | None:
-        return self._stage.speech_layout
-
-    async def check_health(self) -> None:
-        return None
-
-
-class LocalMultimodal:
-    def __init__(self, stage: MultimodalStage) -> None:
-        self._stage = stage
-
-    async def process(self, request: ImagesRequest) -> ProcessedImages:
-        return await self._stage.process(request)
-
-    async def check_health(self) -> None:
-        return None
-
-
-class LocalVocoder:
-    def __init__(self, stage: VocoderStage) -> None:
-        self._stage = stage
-
-    async def decode(self, request: VocodeRequest) -> AudioChunk:
-        return await self._stage.decode_async(request)
-
-    async def check_health(self) -> None:
-        return None
-
-
-class LocalLLM:
-    def __init__(self, stage: LLMStage) -> None:
-        self._stage = stage
-
-    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
-        return self._stage.generate(request)
-
-    async def check_health(self) -> None:
-        await self._stage.check_health()
-
-    async def metrics_text(self) -> str:
-        # In one process the engine's metrics are already in the ingress's registry.
-        return ""

@@ -11,11 +11,15 @@ the result is the stage's to the token.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
 from serve_app.ingress.clients import TokenizerClient
 from serve_app.messages import ChatPrompt, SpeechPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
-from serve_app.stages.tokenizer import TokenizerStage
+
+if TYPE_CHECKING:
+    from serve_app.stages.tokenizer import TokenizerStage
 
 
 def prompt_chars(prompt: ChatPrompt | TextPrompt | SpeechPrompt) -> int:
@@ -37,7 +41,12 @@ class InlineTokenizer:
     def around(cls, args: AppArgs, stage: TokenizerClient) -> TokenizerClient:
         """`stage` itself when the config inlines nothing, else `stage` with a local tokenizer in front."""
         max_chars = args.tokenizer.inline_max_chars
-        return stage if max_chars == 0 else cls(TokenizerStage.from_args(args, threads=1), stage, max_chars)
+        if max_chars == 0:
+            return stage
+        # Imported here: an ingress that inlines nothing never loads the tokenizer library.
+        from serve_app.stages.tokenizer import TokenizerStage
+
+        return cls(TokenizerStage.from_args(args, threads=1), stage, max_chars)
 
     def inlines(self, request: TokenizeRequest) -> bool:
         return not request.image_tokens and prompt_chars(request.prompt) <= self._max_chars

@@ -14,5 +14,5 @@ def timing_headers(timings: dict[str, float]) -> dict[str, str]:
     names = {"multimodal": "X-Multimodal-Time", "tokenizer": "X-Tokenizer-Time",
              "llm_first_chunk": "X-LLM-First-Chunk-Time", "llm_engine": "X-LLM-Engine-Time",
              "first_token": "X-First-Token-Time", "vocoder_first_chunk": "X-Vocoder-First-Chunk-Time",
-             "llm": "X-LLM-Time", "total": "X-Total-Time"}  # fmt: skip
+             "total": "X-Total-Time"}  # fmt: skip
     return {names[k]: f"{v * 1000:.3f}" for k, v in timings.items() if k in names}

@@ -4,13 +4,15 @@ accumulated over a whole generation."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from serve_app.messages import ChoiceDelta, GenerationChunk, TokenLogprob
 
 
-async def merge(streams: list[AsyncIterator[GenerationChunk]]) -> AsyncIterator[tuple[int, GenerationChunk]]:
+async def merge(
+    streams: list[AsyncIterator[GenerationChunk]],
+) -> AsyncGenerator[tuple[int, GenerationChunk], None]:
     """Chunks of several streams as they arrive, tagged with the stream's position."""
     if len(streams) == 1:
         async for chunk in streams[0]:

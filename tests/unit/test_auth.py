@@ -9,9 +9,11 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from serve_app.config import AuthConfig, ConfigError, parse_app_args
+from serve_app.config import AdmissionConfig, AuthConfig, ConfigError, parse_app_args
+from serve_app.errors import OpenAIError, error_response
 from serve_app.ingress.app import create_app
 from serve_app.ingress.auth import ApiKeyAuth, load_keys
 from serve_app.ingress.services import Services
@@ -92,7 +94,7 @@ def test_keys_never_appear_in_logs(secured: TestClient, caplog: pytest.LogCaptur
         assert secret not in caplog.text
 
 
-def _app_with_limit(limit: int | None) -> tuple[ApiKeyAuth, asyncio.Event]:
+def _app_with_limit(limit: int | None, retry_after_s: int = 1) -> tuple[ApiKeyAuth, asyncio.Event]:
     release = asyncio.Event()
 
     async def slow_stream(scope: Scope, receive: Receive, send: Send) -> None:
@@ -101,7 +103,10 @@ def _app_with_limit(limit: int | None) -> tuple[ApiKeyAuth, asyncio.Event]:
         await release.wait()  # the stream stays open until the test lets it finish
         await send({"type": "http.response.body", "body": b"last"})
 
-    return ApiKeyAuth(slow_stream, [b"k1", b"k2"], max_concurrent_per_key=limit), release
+    def render(error: OpenAIError) -> Response:  # as the app does: with the config's `admission:`
+        return error_response(error, AdmissionConfig(retry_after_s=retry_after_s))
+
+    return ApiKeyAuth(slow_stream, [b"k1", b"k2"], max_concurrent_per_key=limit, render=render), release
 
 
 async def _call(app: ApiKeyAuth, key: str) -> tuple[int, dict[bytes, bytes], bytes]:
@@ -120,11 +125,11 @@ async def _call(app: ApiKeyAuth, key: str) -> tuple[int, dict[bytes, bytes], byt
 
 
 async def test_concurrent_requests_per_key_are_limited_for_the_whole_stream() -> None:
-    app, release = _app_with_limit(2)
+    app, release = _app_with_limit(2, retry_after_s=3)
     streams = [asyncio.create_task(_call(app, "k1")) for _ in range(2)]
     await asyncio.sleep(0.01)  # both streams have started and hold their slots
     status, headers, body = await _call(app, "k1")
-    assert (status, headers[b"retry-after"]) == (429, b"1")
+    assert (status, headers[b"retry-after"]) == (429, b"3")
     error = json.loads(body)["error"]
     assert (error["type"], error["code"]) == ("RateLimitError", "too_many_concurrent_requests")
     assert "k1" not in body.decode()

@@ -13,11 +13,11 @@ from starlette.types import Receive, Scope, Send
 from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OpenAIError
 from serve_app.ingress.app import create_app
-from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.early_admission import EarlyAdmission, Weight, weigh
 from serve_app.ingress.services import Services
 from serve_app.ingress.work_admission import WorkGate
 from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
+from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
 

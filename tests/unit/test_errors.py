@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
 
+from serve_app.config import AdmissionConfig
 from serve_app.errors import (
+    AuthenticationError,
     BadRequestError,
     EngineDeadError,
     NotFoundError,
     OpenAIError,
     OverloadedError,
+    PayloadTooLargeError,
+    RateLimitError,
     ServiceUnavailableError,
+    error_response,
     find_openai_error,
 )
 
@@ -62,7 +68,30 @@ def test_to_dict_with_param_and_code() -> None:
 def test_hierarchy() -> None:
     assert issubclass(EngineDeadError, ServiceUnavailableError)
     assert issubclass(OverloadedError, ServiceUnavailableError)
-    assert OverloadedError.retry_after_s == 1
+
+
+@pytest.mark.parametrize("error", [BadRequestError("bad", param="n"), AuthenticationError("who?"),
+                                   PayloadTooLargeError("big"), EngineDeadError("dead")])  # fmt: skip
+def test_an_error_response_is_its_status_and_body(error: OpenAIError) -> None:
+    response = error_response(error, AdmissionConfig(status_code=429, retry_after_s=7))
+    assert (response.status_code, json.loads(response.body)) == (error.status_code, error.to_dict())
+    assert "retry-after" not in response.headers
+
+
+def test_refusals_carry_the_configured_retry_after() -> None:
+    admission = AdmissionConfig(status_code=429, retry_after_s=7)
+    # Not admitted: the `admission:` status, typed to match it.
+    response = error_response(OverloadedError("full", code="overloaded"), admission)
+    assert (response.status_code, response.headers["retry-after"]) == (429, "7")
+    assert json.loads(response.body)["error"] == {"message": "full", "type": "RateLimitError", "param": None,
+                                                  "code": "overloaded"}  # fmt: skip
+    # A key over its own limit: always 429, with the same Retry-After.
+    response = error_response(RateLimitError("busy"), AdmissionConfig(retry_after_s=7))
+    assert (response.status_code, response.headers["retry-after"]) == (429, "7")
+    assert json.loads(response.body)["error"]["type"] == "RateLimitError"
+    # The defaults: 503 and one second.
+    response = error_response(OverloadedError("full"))
+    assert (response.status_code, response.headers["retry-after"]) == (503, "1")
 
 
 @pytest.mark.parametrize("cls", ALL)

@@ -13,8 +13,11 @@ from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponseGenerator
 
 from deployments.handles import HandleLLM, HandleTokenizer, HandleVocoder
+from deployments.tokenizer import Tokenizer
+from serve_app.config import AppArgs
 from serve_app.errors import OverloadedError, PayloadTooLargeError, StageUnavailableError
 from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
+from serve_app.stages.local import LocalTokenizer
 
 
 class FailingHandle:
@@ -159,3 +162,32 @@ async def test_leaving_a_stream_early_cancels_it_in_the_replica() -> None:
         async with asyncio.timeout(0.05):
             await anext(aiter(llm.generate(GenerateRequest("r", [1], SamplingSpec(max_tokens=1)))))
     assert response.cancelled
+
+
+class InProcessHandle:
+    """A DeploymentHandle whose calls run the deployment's class in this process."""
+
+    def __init__(self, replica: Any) -> None:
+        self.replica = replica
+
+    def __getattr__(self, method: str) -> Any:
+        return InProcessMethod(getattr(self.replica, method))
+
+
+class InProcessMethod:
+    def __init__(self, method: Any) -> None:
+        self.method = method
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self.method(*args, **kwargs)  # a coroutine: awaitable as a Serve response is
+
+
+async def test_each_handle_method_calls_the_deployment_method_of_its_name(app_args: AppArgs) -> None:
+    replica = Tokenizer.func_or_class(app_args)
+    tokenizer = HandleTokenizer(InProcessHandle(replica))  # type: ignore[arg-type]
+    request = TokenizeRequest(TextPrompt("hello there"), add_special_tokens=True)
+    tokenized = await tokenizer.tokenize(request)
+    assert tokenized.token_ids == (await LocalTokenizer(replica._stage).tokenize(request)).token_ids
+    assert await tokenizer.detokenize(tokenized.token_ids) == await replica.detokenize(tokenized.token_ids)
+    assert await tokenizer.speech_layout() is None  # a text model
+    await tokenizer.check_health()

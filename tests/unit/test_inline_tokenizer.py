@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from serve_app.config import AppArgs, TokenizerStageConfig
-from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.inline_tokenizer import InlineTokenizer
 from serve_app.messages import ChatPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
+from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 
 

@@ -24,9 +24,9 @@ from serve_app.errors import (
     OverloadedError,
     ServiceUnavailableError,
 )
-from serve_app.ingress.clients import LocalLLM
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
 from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
+from serve_app.stages.local import LocalLLM
 
 
 @dataclass

@@ -18,9 +18,9 @@ from fastapi.testclient import TestClient
 from starlette.requests import ClientDisconnect
 
 from serve_app.errors import DeadlineExceededError, ServiceUnavailableError
-from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.services import Services
 from serve_app.messages import AudioChunk, VocodeRequest
+from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.tts_support import (  # noqa: F401  (the fixtures, registered by their names)
     FRAMES,

@@ -1,4 +1,4 @@
-"""SNAC decoding on the tiny model's random codec, and the vocoder stage's PCM and request checks.
+"""serve_app/stages/vocoder.py on the tiny model's random SNAC codec: PCM, request checks, deadlines.
 
 Windows are 1-3 frames: one frame costs tens of milliseconds on a thread.
 """
@@ -29,36 +29,6 @@ def stage(decoder: SnacDecoder) -> VocoderStage:
     return VocoderStage(decoder)
 
 
-def test_decoder_shape(decoder: SnacDecoder) -> None:
-    assert (decoder.sample_rate, decoder.samples_per_frame, decoder.frame_size) == (24000, SAMPLES_PER_FRAME, 7)
-    [audio] = decoder.decode([VocodeRequest(random_frames(2, seed=0), context=0)])
-    assert audio.dtype == np.float32
-    assert audio.shape == (2 * SAMPLES_PER_FRAME,)
-    assert np.abs(audio).max() > 0
-
-
-def test_context_frames_are_dropped(decoder: SnacDecoder) -> None:
-    frames = random_frames(2, seed=1)
-    [whole] = decoder.decode([VocodeRequest(frames, context=0)])
-    [tail] = decoder.decode([VocodeRequest(frames, context=1)])
-    assert tail.shape == (SAMPLES_PER_FRAME,)
-    np.testing.assert_allclose(tail, whole[SAMPLES_PER_FRAME:], atol=1e-5)
-
-
-def test_batch_matches_one_by_one(decoder: SnacDecoder) -> None:
-    requests = [
-        VocodeRequest(random_frames(2, seed=2), context=1),
-        VocodeRequest(random_frames(1, seed=3), context=0),
-        VocodeRequest(random_frames(2, seed=4), context=0),
-        VocodeRequest(random_frames(3, seed=5), context=2),
-    ]
-    batched = decoder.decode(requests)
-    for request, audio in zip(requests, batched, strict=True):
-        [alone] = decoder.decode([request])
-        assert audio.shape == ((len(request.frames) - request.context) * SAMPLES_PER_FRAME,)
-        np.testing.assert_allclose(audio, alone, atol=1e-5)
-
-
 def test_stage_returns_pcm16(stage: VocoderStage, decoder: SnacDecoder) -> None:
     request = VocodeRequest(random_frames(2, seed=6), context=1)
     chunk = stage.decode(request)
@@ -69,13 +39,6 @@ def test_stage_returns_pcm16(stage: VocoderStage, decoder: SnacDecoder) -> None:
     [audio] = decoder.decode([request])
     expected = np.rint(np.clip(audio, -1, 1) * 32767)
     np.testing.assert_allclose(samples, expected, atol=1)
-
-
-def test_stage_batch_keeps_order(stage: VocoderStage) -> None:
-    requests = [VocodeRequest(random_frames(1, seed=7), 0), VocodeRequest(random_frames(2, seed=8), 0)]
-    chunks = stage.decode_batch(requests)
-    assert [len(c.pcm) for c in chunks] == [2 * SAMPLES_PER_FRAME, 4 * SAMPLES_PER_FRAME]
-    assert chunks[0].pcm == stage.decode(requests[0]).pcm
 
 
 @pytest.mark.parametrize(
@@ -92,7 +55,7 @@ def test_stage_batch_keeps_order(stage: VocoderStage) -> None:
 )
 def test_bad_requests_are_400(stage: VocoderStage, frames: list[list[int]], context: int, message: str) -> None:
     with pytest.raises(BadRequestError, match=message) as info:
-        stage.decode_batch([VocodeRequest(random_frames(1, seed=10), 0), VocodeRequest(frames, context)])
+        stage.decode(VocodeRequest(frames, context))
     assert info.value.status_code == 400
     assert info.value.param == "frames"
 

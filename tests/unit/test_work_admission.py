@@ -9,7 +9,6 @@ import pytest
 
 from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OverloadedError
-from serve_app.ingress.clients import LocalTokenizer
 from serve_app.ingress.generation import start_generation
 from serve_app.ingress.services import Services
 from serve_app.ingress.work_admission import WorkGate
@@ -21,6 +20,7 @@ from serve_app.messages import (
     TokenizedPrompt,
     TokenizeRequest,
 )
+from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
 

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
 from serve_app.ingress import sse
-from serve_app.ingress.chat.protocol import ChatCompletionRequest, ChatMessage, ImagePart
+from serve_app.ingress.chat.protocol import ChatCompletionRequest
+from serve_app.ingress.closing_response import ClosingStreamingResponse
 from serve_app.ingress.deadline import Deadline
 from serve_app.ingress.generation import Stream, start_stream
+from serve_app.ingress.prompts import chat_prompt
+from serve_app.ingress.protocol import usage
 from serve_app.ingress.responses import new_request_id, timing_headers
 from serve_app.ingress.services import Services
 from serve_app.ingress.streams import ChoiceState
 from serve_app.ingress.validation import check_limits, check_model
-from serve_app.messages import ChatPrompt, TokenLogprob
+from serve_app.messages import TokenLogprob
 
 
 def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
@@ -33,46 +36,17 @@ def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def split_images(chat: list[ChatMessage]) -> tuple[list[dict[str, Any]], list[str]]:
-    """The messages with each image part replaced by an `{"type": "image"}` placeholder, and the image
-    URLs in prompt order: the (possibly megabytes of) image data goes to the multimodal stage only."""
-    messages: list[dict[str, Any]] = []
-    urls: list[str] = []
-    for message in chat:
-        dumped = message.model_dump(exclude_none=True)
-        if isinstance(message.content, list):
-            parts: list[dict[str, Any]] = []
-            for part in message.content:
-                if isinstance(part, ImagePart):
-                    urls.append(part.image_url.url)
-                    parts.append({"type": "image"})
-                else:
-                    parts.append(part.model_dump(exclude_none=True))
-            dumped["content"] = parts
-        messages.append(dumped)
-    return messages, urls
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
 async def create_chat_completion(
     services: Services, request: ChatCompletionRequest, deadline: Deadline | None = None
 ) -> Any:
     model = check_model(services, request.model)
     logprobs = request.logprobs_k()
     check_limits(services, request, logprobs)
-    messages, image_urls = split_images(request.messages)
-    prompt = ChatPrompt(
-        messages=messages,
+    prompt, image_urls = chat_prompt(
+        request.messages,
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
-        chat_template_kwargs=dict(request.chat_template_kwargs or {}),
+        chat_template_kwargs=request.chat_template_kwargs,
     )
     start = time.perf_counter()
     stream = await start_stream(
@@ -80,10 +54,14 @@ async def create_chat_completion(
         request_id=new_request_id("chatcmpl"), image_urls=image_urls, deadline=deadline,
     )  # fmt: skip
     if request.stream:
-        return StreamingResponse(
-            sse.encode(_events(request, stream, model)),
-            media_type="text/event-stream",
-            headers=timing_headers(stream.timings),
+        events = _events(request, stream, model)
+
+        async def close() -> None:
+            await events.aclose()
+            await stream.close()  # gives the work back also when the events never started
+
+        return ClosingStreamingResponse(
+            sse.encode(events), close, media_type="text/event-stream", headers=timing_headers(stream.timings)
         )
     choices = [ChoiceState() for _ in range(request.n)]
     async for chunk in stream.chunks():
@@ -111,7 +89,7 @@ async def create_chat_completion(
     return JSONResponse(body, headers=timing_headers(stream.timings))
 
 
-async def _events(request: ChatCompletionRequest, stream: Stream, model: str) -> AsyncIterator[dict[str, Any]]:
+async def _events(request: ChatCompletionRequest, stream: Stream, model: str) -> AsyncGenerator[dict[str, Any], None]:
     created = int(time.time())
     options = request.stream_options
     include_usage = bool(options and options.include_usage)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Any
 
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
 from serve_app.errors import BadRequestError
 from serve_app.ingress import sse
-from serve_app.ingress.chat.serving import usage
+from serve_app.ingress.closing_response import ClosingStreamingResponse
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.deadline import Deadline, within
 from serve_app.ingress.generation import Stream, start_stream
+from serve_app.ingress.protocol import usage
 from serve_app.ingress.responses import new_request_id, timing_headers
 from serve_app.ingress.services import Services
 from serve_app.ingress.streams import ChoiceState, merge
@@ -59,7 +61,13 @@ async def create_completion(services: Services, request: CompletionRequest, dead
     headers = timing_headers(streams[0].timings)
     if request.stream:
         events = _events(request, streams, echoes, model, request_id)
-        return StreamingResponse(sse.encode(events), media_type="text/event-stream", headers=headers)
+
+        async def close() -> None:
+            await events.aclose()  # first: its merge stops reading the streams
+            for stream in streams:
+                await stream.close()  # gives the work back also when the events never started
+
+        return ClosingStreamingResponse(sse.encode(events), close, media_type="text/event-stream", headers=headers)
     n = request.n
     choices = [ChoiceState() for _ in range(n * len(streams))]
     async for p, chunk in merge([s.chunks() for s in streams]):
@@ -123,7 +131,7 @@ async def _echo_texts(services: Services, request: CompletionRequest, streams: l
 
 async def _events(
     request: CompletionRequest, streams: list[Stream], echoes: list[str], model: str, request_id: str
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     created = int(time.time())
     n = request.n
     options = request.stream_options
@@ -132,21 +140,23 @@ async def _events(
     completion_tokens = 0
     offsets = [_Offsets() for _ in range(n * len(streams))]
     echoed = [not request.echo] * (n * len(streams))
-    async for p, chunk in merge([s.chunks() for s in streams]):
-        for delta in chunk.deltas:
-            index = p * n + delta.index
-            completion_tokens += len(delta.token_ids)
-            text = delta.text if echoed[index] else echoes[p] + delta.text
-            echoed[index] = True
-            choice = {
-                "index": index,
-                "text": text,
-                "logprobs": offsets[index].format(delta.logprobs) if delta.logprobs is not None else None,
-                "finish_reason": delta.finish_reason,
-                "stop_reason": delta.stop_reason,
-            }
-            yield {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                   "choices": [choice]}  # fmt: skip
+    # Closed with this generator: its tasks stop reading the streams before the streams are closed.
+    async with aclosing(merge([s.chunks() for s in streams])) as merged:
+        async for p, chunk in merged:
+            for delta in chunk.deltas:
+                index = p * n + delta.index
+                completion_tokens += len(delta.token_ids)
+                text = delta.text if echoed[index] else echoes[p] + delta.text
+                echoed[index] = True
+                choice = {
+                    "index": index,
+                    "text": text,
+                    "logprobs": offsets[index].format(delta.logprobs) if delta.logprobs is not None else None,
+                    "finish_reason": delta.finish_reason,
+                    "stop_reason": delta.stop_reason,
+                }
+                yield {"id": request_id, "object": "text_completion", "created": created, "model": model,
+                       "choices": [choice]}  # fmt: skip
     if include_usage:
         yield {"id": request_id, "object": "text_completion", "created": created, "model": model,
                "choices": [], "usage": usage(prompt_tokens, completion_tokens)}  # fmt: skip

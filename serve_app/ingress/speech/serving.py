@@ -32,8 +32,7 @@ from contextlib import aclosing
 from dataclasses import replace
 from typing import Any
 
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from serve_app.audio_formats import RESPONSE_FORMATS, ResponseFormat, open_encoder, supports_rate
 from serve_app.codecs.orpheus import FRAME_SIZE, FrameAssembler, OrpheusLayout
@@ -41,6 +40,7 @@ from serve_app.config import TtsConfig
 from serve_app.errors import BadRequestError, OverloadedError
 from serve_app.ingress import sse
 from serve_app.ingress.clients import VocoderClient
+from serve_app.ingress.closing_response import ClosingStreamingResponse
 from serve_app.ingress.deadline import Deadline, deadline_at, within
 from serve_app.ingress.generation import Stream, start_generation
 from serve_app.ingress.responses import new_request_id, timing_headers
@@ -138,9 +138,9 @@ async def create_speech(services: Services, request: SpeechRequest, deadline: De
         return Response(body, media_type=media_type, headers=headers)
     if request.stream_format == "sse":
         events = sse.encode(_sse_events(first, audio, stream, finish, request.response_format, tts.sample_rate))
-        return _SpeechStreamResponse(events, finish, media_type="text/event-stream", headers=headers)
+        return ClosingStreamingResponse(events, finish, media_type="text/event-stream", headers=headers)
     body_stream = _bytes(first, audio, finish, request.response_format, tts.sample_rate)
-    return _SpeechStreamResponse(body_stream, finish, media_type=media_type, headers=headers)
+    return ClosingStreamingResponse(body_stream, finish, media_type=media_type, headers=headers)
 
 
 class _Finish:
@@ -158,21 +158,6 @@ class _Finish:
             await self.audio.aclose()
         finally:
             self.slots.release()
-
-
-class _SpeechStreamResponse(StreamingResponse):
-    """Finishes the stream when the response ends. The body's own `finally` is not enough: Starlette
-    never starts the body iterator when sending the response's start fails (the client already gone)."""
-
-    def __init__(self, content: AsyncIterator[Any], finish: _Finish, **kwargs: Any) -> None:
-        super().__init__(content, **kwargs)
-        self.finish = finish
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.finish()
 
 
 def _capped(spec: SamplingSpec, room: int) -> SamplingSpec:

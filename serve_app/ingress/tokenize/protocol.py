@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field, model_validator
 
-from serve_app.ingress.chat.protocol import ChatMessage, ChatTemplateKwargs
-from serve_app.ingress.protocol import OpenAIRequest
+from serve_app.ingress.protocol import ChatMessage, ChatTemplateKwargs, OpenAIRequest
 
 
 class TokenizeRequest(OpenAIRequest):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from serve_app import messages
-from serve_app.ingress.chat.serving import split_images
+from serve_app.ingress.prompts import chat_prompt
 from serve_app.ingress.services import Services
 from serve_app.ingress.tokenize.protocol import (
     DetokenizeRequest,
@@ -18,12 +18,12 @@ async def tokenize(services: Services, request: TokenizeRequest) -> TokenizeResp
     check_model(services, request.model)
     prompt: messages.ChatPrompt | messages.TextPrompt
     if request.messages is not None:
-        prompt = messages.ChatPrompt(
-            # Images count as their placeholder token here: they are not fetched just to be counted.
-            messages=split_images(request.messages)[0],
+        # Images count as their placeholder token here: they are not fetched just to be counted.
+        prompt, _ = chat_prompt(
+            request.messages,
             add_generation_prompt=request.add_generation_prompt,
             continue_final_message=request.continue_final_message,
-            chat_template_kwargs=dict(request.chat_template_kwargs or {}),
+            chat_template_kwargs=request.chat_template_kwargs,
         )
         add_special = bool(request.add_special_tokens)
     else:

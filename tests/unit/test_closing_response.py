@@ -1,0 +1,100 @@
+"""serve_app/ingress/closing_response.py: a streamed chat or text completion gives its engine request and
+its work ticket back when the client is gone, also when Starlette never starts the body."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from starlette.requests import ClientDisconnect
+
+from serve_app.config import AdmissionConfig, AppArgs
+from serve_app.ingress.chat.protocol import ChatCompletionRequest
+from serve_app.ingress.chat.serving import create_chat_completion
+from serve_app.ingress.completions.protocol import CompletionRequest
+from serve_app.ingress.completions.serving import create_completion
+from serve_app.ingress.services import Services
+from serve_app.messages import GenerateRequest, GenerationChunk
+from serve_app.stages.local import LocalTokenizer
+from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.conftest import FakeLLM
+
+SCOPE = {"type": "http", "asgi": {"spec_version": "2.4"}}
+
+
+class SlowLLM(FakeLLM):
+    """Each chunk takes a while: a client gone mid-stream leaves the engine still generating."""
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        async for chunk in super().generate(request):
+            await asyncio.sleep(0.02)
+            yield chunk
+
+
+def with_work_admission(app_args: AppArgs, tokenizer_stage: TokenizerStage, llm: FakeLLM) -> Services:
+    """Services with admission by work, so that every stream holds a work ticket."""
+    admission = AdmissionConfig(prefill_tokens_per_s=1e6, decode_tokens_per_s=10, max_wait_s=60.0)
+    args = app_args.model_copy(update={"admission": admission})
+    return Services.create(args, LocalTokenizer(tokenizer_stage), llm)
+
+
+@pytest.fixture
+def admitting(app_args: AppArgs, tokenizer_stage: TokenizerStage, fake_llm: FakeLLM) -> Services:
+    return with_work_admission(app_args, tokenizer_stage, fake_llm)
+
+
+@pytest.fixture
+def slow(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> Services:
+    return with_work_admission(app_args, tokenizer_stage, SlowLLM())
+
+
+async def start(services: Services, endpoint: str) -> Any:
+    if endpoint == "chat":
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+        return await create_chat_completion(services, ChatCompletionRequest.model_validate(chat))
+    text = {"prompt": ["one", "two", "three"], "max_tokens": 5, "stream": True}
+    return await create_completion(services, CompletionRequest.model_validate(text))
+
+
+def assert_all_given_back(services: Services) -> None:
+    assert services.work is not None and (services.work.live, services.work.backlog_s) == (0, 0.0)
+    assert services.metrics.stage_in_flight.labels("llm")._value.get() == 0
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_a_client_gone_before_the_first_byte_gives_its_work_back(
+    admitting: Services, fake_llm: FakeLLM, endpoint: str
+) -> None:
+    response = await start(admitting, endpoint)
+    assert admitting.work is not None and admitting.work.live > 0
+
+    async def gone(message: Any) -> None:
+        raise OSError("the client went away")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    with pytest.raises(ClientDisconnect):
+        await response(SCOPE, receive, gone)  # the body iterator never starts
+    assert sorted(fake_llm.closed) == sorted(r.request_id for r in fake_llm.requests)  # the engine aborted each
+    assert_all_given_back(admitting)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+async def test_a_client_gone_mid_stream_gives_its_work_back(slow: Services, endpoint: str) -> None:
+    response = await start(slow, endpoint)
+    sent: list[Any] = []
+
+    async def goes_after_two_events(message: Any) -> None:
+        if len(sent) == 3:  # the start and two events
+            raise OSError("the client went away")
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    with pytest.raises(ClientDisconnect):
+        await response(SCOPE, receive, goes_after_two_events)  # the body is left suspended at its third event
+    assert_all_given_back(slow)
