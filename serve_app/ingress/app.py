@@ -19,7 +19,6 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.config import AppArgs
 from serve_app.errors import (
     BadRequestError,
     OpenAIError,
@@ -51,7 +50,6 @@ from serve_app.ingress.tokenize.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
-from serve_app.ingress.work_admission import WorkGate
 
 logger = logging.getLogger(__name__)
 
@@ -142,16 +140,10 @@ def create_app(graph: ModelRouter | Services) -> FastAPI:
         request.state.model = services.args.model.name
         return services
 
-    def gate_for(model: str | None) -> tuple[WorkGate, AppArgs] | None:
-        """The work gate of the model a raw body names (`router.lookup`); none for an unknown model (the
-        route's 404) or a missing one with several models (the route's 400)."""
-        services = router.lookup(model)
-        return (services.work, services.args) if services is not None and services.work is not None else None
-
     app = FastAPI(title="serve-graph", summary="OpenAI-compatible serving graph on Ray Serve", lifespan=lifespan)
     # Outermost last: metrics see every answer; a request without a valid key takes no admission slot;
     # early admission buffers bodies the size limit already bounds.
-    app.add_middleware(EarlyAdmission, gate_for=gate_for, render=render)
+    app.add_middleware(EarlyAdmission, lookup=router.lookup, render=render)
     app.add_middleware(BodySizeLimit, max_bytes=router.max_request_bytes)
     app.add_middleware(InFlightLimit, limit=router.max_in_flight, render=render)
     auth = router.auth

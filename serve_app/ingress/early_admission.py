@@ -32,6 +32,7 @@ from serve_app.config import AppArgs, LimitsConfig
 from serve_app.errors import OpenAIError, OverloadedError
 from serve_app.ingress.deadline import HEADER, request_deadline
 from serve_app.ingress.paths import route_path
+from serve_app.ingress.services import Services
 from serve_app.ingress.work_admission import WorkGate, WorkTicket
 
 _WEIGHED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
@@ -124,11 +125,13 @@ class EarlyAdmission:
     def __init__(
         self,
         app: ASGIApp,
-        gate_for: Callable[[str | None], tuple[WorkGate, AppArgs] | None],
-        render: Callable[[OpenAIError], Response],
+        lookup: Callable[[str | None], Services | None],
+        render: Callable[[OpenAIError, Services], Response],
     ) -> None:
+        """`lookup`: the model a raw body names (`ModelRouter.lookup`: None for an unknown model, the route's
+        404, or a missing one among several, the route's 400); `render`: a refusal, as that model answers it."""
         self.app = app
-        self.gate_for = gate_for
+        self.lookup = lookup
         self.render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -166,18 +169,17 @@ class EarlyAdmission:
         if not isinstance(body, dict):
             return None
         model = body.get("model")
-        found = self.gate_for(model if isinstance(model, str) else None)
+        services = self.lookup(model if isinstance(model, str) else None)
         weight = weigh(path, body)
-        if found is None or weight is None:
+        if services is None or services.work is None or weight is None:
             return None
-        gate, args = found
-        deadline_s = _deadline_s(args.limits, scope)
+        deadline_s = _deadline_s(services.args.limits, scope)
         if deadline_s is not None and deadline_s <= 0:
             return None  # a passed deadline is the route's 504, not an overload
         try:
-            return admit(gate, args, weight, deadline_s)
+            return admit(services.work, services.args, weight, deadline_s)
         except OverloadedError as error:
-            return self.render(error)
+            return self.render(error, services)
 
 
 def _deadline_s(limits: LimitsConfig, scope: Scope) -> float | None:

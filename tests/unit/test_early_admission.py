@@ -14,8 +14,8 @@ from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OpenAIError
 from serve_app.ingress.app import create_app
 from serve_app.ingress.early_admission import EarlyAdmission, Weight, weigh
+from serve_app.ingress.router import ModelRouter
 from serve_app.ingress.services import Services
-from serve_app.ingress.work_admission import WorkGate
 from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
@@ -119,18 +119,23 @@ async def test_a_request_the_route_refuses_gives_its_ticket_back(
     assert tokenizer.calls == 0
 
 
-async def test_every_request_of_a_burst_is_weighed_before_any_goes_on(app_args: AppArgs) -> None:
-    gate = WorkGate(prefill_tokens_per_s=1e6, decode_tokens_per_s=100, max_wait_s=1.0)
+async def test_every_request_of_a_burst_is_weighed_before_any_goes_on(
+    gated: tuple[Services, CountingTokenizer, HeldLLM],
+) -> None:
+    services = gated[0]
+    gate = services.work
+    assert gate is not None
     seen: list[int] = []  # tickets live when each admitted request reached the application
 
     async def application(scope: Scope, receive: Receive, send: Send) -> None:
         seen.append(gate.live)
         await JSONResponse({})(scope, receive, send)
 
-    def render(error: OpenAIError) -> JSONResponse:
+    def render(error: OpenAIError, refused_by: Services) -> JSONResponse:
+        assert refused_by is services
         return JSONResponse({"refused": error.message}, status_code=503)
 
-    early = EarlyAdmission(application, lambda model: (gate, app_args), render)
+    early = EarlyAdmission(application, lambda model: services, render)
     transport = httpx.ASGITransport(app=early)
     async with httpx.AsyncClient(transport=transport, base_url="http://graph") as client:
         body = {"prompt": "hi", "max_tokens": 40}
@@ -138,3 +143,21 @@ async def test_every_request_of_a_burst_is_weighed_before_any_goes_on(app_args: 
     assert sorted(a.status_code for a in answers) == [200, 200, 503, 503, 503]
     assert seen[0] == 2  # the first admitted request went on only once the whole burst was weighed
     assert gate.live == 0 and gate.backlog_s == 0.0
+
+
+async def test_a_refusal_answers_as_the_model_it_names(
+    app_args: AppArgs, tokenizer_stage: TokenizerStage, gated: tuple[Services, CountingTokenizer, HeldLLM]
+) -> None:
+    full, _, _ = gated
+    assert full.work is not None
+    full.work.admit(prompt_tokens=0, max_tokens=1000)  # 10 s of work admitted: the next request waits too long
+    other_args = app_args.model_copy(update={"model": app_args.model.model_copy(update={"served_model_name": "b"})})
+    other = Services.create(other_args, LocalTokenizer(tokenizer_stage), FakeLLM())
+    full.args = full.args.model_copy(update={"admission": full.args.admission.model_copy(update={"status_code": 429})})
+    transport = httpx.ASGITransport(app=create_app(ModelRouter([full, other])))
+    async with httpx.AsyncClient(transport=transport, base_url="http://graph") as client:
+        refused = await client.post("/v1/completions", json={"model": "tiny-chat", "prompt": "hi", "max_tokens": 4})
+        served = await client.post("/v1/completions", json={"model": "b", "prompt": "hi", "max_tokens": 4})
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "3"  # the full model's own answer
+    assert served.status_code == 200  # one model's backlog refuses nothing of another's
+    assert full.metrics.rejections.labels("ingress", "expected_wait")._value.get() == 1
