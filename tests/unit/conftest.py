@@ -5,6 +5,7 @@ Nothing here starts Ray or a vLLM engine: the stages are called in-process.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,7 +17,14 @@ from fastapi.testclient import TestClient
 from serve_app.config import AppArgs, parse_app_args
 from serve_app.ingress.app import create_app
 from serve_app.ingress.services import Services
-from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, TokenLogprob
+from serve_app.messages import (
+    ChoiceDelta,
+    GenerateRequest,
+    GenerationChunk,
+    TokenizedPrompt,
+    TokenizeRequest,
+    TokenLogprob,
+)
 from serve_app.models.tiny_chat import ensure_tiny_chat_model
 from serve_app.models.tiny_llava import ensure_tiny_llava_model
 from serve_app.stages.local import LocalTokenizer
@@ -170,3 +178,31 @@ def sse_events() -> Any:
         return events
 
     return parse
+
+
+class HeldLLM(FakeLLM):
+    """Sends its first chunk, then holds the stream open until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        first = True
+        async for chunk in super().generate(request):
+            yield chunk
+            if first:
+                first = False
+                await self.release.wait()
+
+
+class CountingTokenizer(LocalTokenizer):
+    """The tokenizer stage, counting its calls."""
+
+    def __init__(self, stage: TokenizerStage) -> None:
+        super().__init__(stage)
+        self.calls = 0
+
+    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        self.calls += 1
+        return await super().tokenize(request)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -16,10 +15,9 @@ from serve_app.ingress.app import create_app
 from serve_app.ingress.early_admission import EarlyAdmission, Weight, weigh
 from serve_app.ingress.router import ModelRouter
 from serve_app.ingress.services import Services
-from serve_app.messages import GenerateRequest, GenerationChunk, TokenizedPrompt, TokenizeRequest
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
-from tests.unit.conftest import FakeLLM
+from tests.unit.conftest import CountingTokenizer, FakeLLM, HeldLLM
 
 
 def test_weigh_reads_the_first_prompt_and_the_generation_budget() -> None:
@@ -39,32 +37,6 @@ def test_weigh_reads_the_first_prompt_and_the_generation_budget() -> None:
 def test_a_body_of_another_shape_is_left_to_the_route(body: dict[str, object]) -> None:
     assert weigh("/v1/completions", body) is None
     assert weigh("/v1/chat/completions", {"messages": "hi"}) is None
-
-
-class HeldLLM(FakeLLM):
-    """Holds every stream after its first chunk until `release` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = asyncio.Event()
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
-        first = True
-        async for chunk in super().generate(request):
-            yield chunk
-            if first:
-                first = False
-                await self.release.wait()
-
-
-class CountingTokenizer(LocalTokenizer):
-    def __init__(self, stage: TokenizerStage) -> None:
-        super().__init__(stage)
-        self.calls = 0
-
-    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
-        self.calls += 1
-        return await super().tokenize(request)
 
 
 @pytest.fixture

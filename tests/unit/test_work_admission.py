@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-
 import pytest
 
 from serve_app.config import AdmissionConfig, AppArgs
@@ -13,16 +10,13 @@ from serve_app.ingress.generation import start_generation
 from serve_app.ingress.services import Services
 from serve_app.ingress.work_admission import WorkGate
 from serve_app.messages import (
-    GenerateRequest,
-    GenerationChunk,
     SamplingSpec,
     TextPrompt,
-    TokenizedPrompt,
     TokenizeRequest,
 )
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
-from tests.unit.conftest import FakeLLM
+from tests.unit.conftest import CountingTokenizer, FakeLLM, HeldLLM
 
 
 def gate(max_wait_s: float = 10.0) -> WorkGate:
@@ -84,22 +78,6 @@ def test_an_idle_engine_admits_a_request_larger_than_the_budget() -> None:
     g.admit(prompt_tokens=1, max_tokens=1)
 
 
-class HeldLLM(FakeLLM):
-    """Sends its first chunk, then holds the stream open until `release` is set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.release = asyncio.Event()
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
-        first = True
-        async for chunk in super().generate(request):
-            yield chunk
-            if first:
-                first = False
-                await self.release.wait()
-
-
 async def test_the_request_path_holds_work_until_the_stream_ends(
     app_args: AppArgs, tokenizer_stage: TokenizerStage
 ) -> None:
@@ -135,16 +113,6 @@ def test_a_ticket_takes_its_real_size_and_the_gate_learns_tokens_per_char() -> N
     for _ in range(30):
         g.learn(chars=1000, tokens=250)
     assert abs(g.estimate_tokens(1000) - 250) <= 1
-
-
-class CountingTokenizer(LocalTokenizer):
-    def __init__(self, stage: TokenizerStage) -> None:
-        super().__init__(stage)
-        self.calls = 0
-
-    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
-        self.calls += 1
-        return await super().tokenize(request)
 
 
 async def test_a_request_is_refused_before_the_tokenizer_sees_it(
