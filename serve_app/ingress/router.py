@@ -4,9 +4,9 @@
     ModelRouter.lookup(name)              middlewares (pure ASGI, before the body is parsed): the
                                           model's Services, or None when `name` names none of them
 
-A request without `model` goes to the only model; with several, to the only one that has the
-capability the endpoint needs (speech, for `/v1/audio/*`), else it is a 400 naming `model` (as vLLM
-requires a served name once it serves several). An unknown model is a 404 `model_not_found`.
+A request without `model` goes, as in vLLM's server, to the first model of the config, or for an
+endpoint only some models serve (speech, for `/v1/audio/*`) to the first of those. An unknown model
+is a 404 `model_not_found`.
 What belongs to the front door (API keys, the body size limit, the in-flight backstop, the requests
 counted by endpoint) is the graph's; limits, admission, health and stage metrics are each model's.
 """
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from serve_app.config import AdmissionConfig, AuthConfig
-from serve_app.errors import BadRequestError, NotFoundError
+from serve_app.errors import NotFoundError
 from serve_app.ingress.metrics import IngressMetrics, merge_expositions
 from serve_app.ingress.services import Services
 
@@ -58,9 +58,9 @@ class ModelRouter:
         self.max_in_flight = sum(limits) if limits else None
 
     def lookup(self, name: str | None) -> Services | None:
-        """The Services of model `name` (None: of the only model); None when there is no such model."""
+        """The Services of model `name` (None: of the first model); None when there is no such model."""
         if name is None:
-            return None if self.several else next(iter(self.models.values()))
+            return next(iter(self.models.values()))
         return self.models.get(name)
 
     def route(self, name: str | None, capability: Capability | None = None) -> Services:
@@ -70,14 +70,8 @@ class ModelRouter:
             if services is None:
                 raise NotFoundError(f"The model `{name}` does not exist.", param="model", code="model_not_found")
             return services
-        if not self.several:
-            return next(iter(self.models.values()))
         able = [s for s in self.models.values() if capability is not None and capability in capabilities(s)]
-        if len(able) == 1:
-            return able[0]
-        raise BadRequestError(
-            f"model is required: this server serves {', '.join(self.models)}.", param="model", code="model_required"
-        )
+        return able[0] if able else next(iter(self.models.values()))
 
     def health_report(self) -> tuple[bool, dict[str, str]]:
         """Every model's stages as its monitor last saw them; keys `<model>/<stage>` with several models."""

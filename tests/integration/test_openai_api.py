@@ -126,5 +126,5 @@ def test_metrics(graph: str, client: Any) -> None:
     client.completions.create(model="tiny-chat", prompt="x", max_tokens=2)
     text = httpx.get(f"{graph}/metrics", timeout=10).text
     assert 'serve_graph_requests_total{endpoint="/v1/completions",status="200"}' in text
-    assert 'serve_graph_stage_seconds_count{stage="tokenizer"}' in text
+    assert 'serve_graph_stage_seconds_count{model="tiny-chat",stage="tokenizer"}' in text
     assert "vllm:" in text

@@ -34,7 +34,8 @@ def test_each_stage_runs_on_its_node_type(graph: str) -> None:
         name = actor["ActorClassName"]
         node = types[actor["Address"]["NodeID"]]
         if name.startswith("ServeReplica:"):
-            _, app, stage = name.split(":")
+            _, app, deployment = name.split(":")
+            stage = deployment.rsplit("-", 1)[-1]  # `<model>-<stage>` (deployments/graph.py), or a bare stage
             landed.setdefault((app, stage), set()).add(node)
         else:
             landed.setdefault(("serve", name), set()).add(node)

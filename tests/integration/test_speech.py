@@ -108,4 +108,4 @@ def test_a_disconnect_mid_stream_frees_the_slot(graph: str, tts_client: Any) -> 
 def test_vocoder_time_is_in_metrics(graph: str, tts_client: Any) -> None:
     tts_client.audio.speech.create(model="tiny-orpheus", voice="tara", input="Metrics.")
     metrics = httpx.get(f"{graph}/metrics", timeout=10).text
-    assert 'serve_graph_stage_seconds_count{stage="vocoder"}' in metrics
+    assert 'serve_graph_stage_seconds_count{model="tiny-orpheus",stage="vocoder"}' in metrics

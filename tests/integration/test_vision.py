@@ -86,7 +86,11 @@ def test_repeated_images_hit_the_cache(vision_client: Any, graph: str) -> None:
     for _ in range(2):
         vision_client.chat.completions.create(model="tiny-llava", messages=image_messages(url), max_tokens=1)
     metrics = httpx.get(f"{graph}/metrics", timeout=10).text
-    hits = [line for line in metrics.splitlines() if line.startswith('serve_graph_image_cache_total{result="hit"}')]
+    hits = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('serve_graph_image_cache_total{model="tiny-llava",result="hit"}')
+    ]
     assert hits and float(hits[0].split()[-1]) >= 1
 
 

@@ -141,12 +141,10 @@ def test_an_unknown_model_is_a_404(graph: TestClient) -> None:
         assert response.json()["error"]["code"] == "model_not_found" and response.json()["error"]["param"] == "model"
 
 
-def test_without_a_model_only_an_unambiguous_request_is_routed(graph: TestClient) -> None:
+def test_without_a_model_a_request_goes_to_the_first_model_able_to_serve_it(graph: TestClient) -> None:
     missing = chat(graph, None)
-    assert missing.status_code == 400
-    error = missing.json()["error"]
-    assert error["param"] == "model" and "tiny-chat, tiny-llava, tiny-orpheus" in error["message"]
-    # Speech has one model that can do it.
+    assert missing.status_code == 200 and missing.json()["model"] == "tiny-chat"  # the config's first, as vLLM
+    # Speech: the first model that speaks.
     assert graph.get("/v1/audio/voices").json()["voices"] == ["tara", "leo"]
     assert graph.get("/v1/audio/voices", params={"model": "tiny-orpheus"}).json()["voices"] == ["tara", "leo"]
     speech = graph.post("/v1/audio/speech", json={"input": "Hi.", "voice": "tara", "response_format": "pcm"})
@@ -196,5 +194,5 @@ def test_metrics_are_labelled_by_model(graph: TestClient) -> None:
 def test_lookup_is_for_middlewares_before_the_body_is_parsed(router: ModelRouter, services: Services) -> None:
     assert router.lookup("tiny-chat") is services
     assert router.lookup("nope") is None
-    assert router.lookup(None) is None  # several models: a request must name one
+    assert router.lookup(None) is services  # the first model, as the routes pick it
     assert ModelRouter([services]).lookup(None) is services
