@@ -1,4 +1,4 @@
-"""`serve_app.ingress.clients` over Ray Serve deployment handles.
+"""`serve_app.ingress.pipeline.clients` over Ray Serve deployment handles.
 
 A unary client method is one line, `name = unary(TheClient.name)`: it calls the deployment's method
 of the same name, with the client Protocol's types.
@@ -24,7 +24,7 @@ from serve_app.errors import (
     StageUnavailableError,
     find_openai_error,
 )
-from serve_app.ingress.clients import MultimodalClient, TokenizerClient, VocoderClient
+from serve_app.ingress.pipeline.clients import MultimodalClient, TokenizerClient, VocoderClient
 from serve_app.messages import GenerateRequest, GenerationChunk
 
 

@@ -17,9 +17,9 @@ from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer, Ha
 from serve_app.config import AppArgs
 from serve_app.graph_args import GraphArgs
 from serve_app.ingress.app import create_app
-from serve_app.ingress.inline_tokenizer import InlineTokenizer
-from serve_app.ingress.router import ModelRouter
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.inline_tokenizer import InlineTokenizer
+from serve_app.ingress.pipeline.router import ModelRouter
+from serve_app.ingress.pipeline.services import Services
 
 # One model's stage handles by stage name: tokenizer and llm always, multimodal and vocoder if it has them.
 StageHandles = dict[str, DeploymentHandle[Any]]

@@ -15,8 +15,8 @@ import uvicorn
 from load.serve_config import load_in_process
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.ingress.app import create_app
-from serve_app.ingress.clients import TokenizerClient
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.clients import TokenizerClient
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import TokenizedPrompt, TokenizeRequest
 from serve_app.stages.llm import LLMStage
 from serve_app.stages.local import LocalLLM, LocalMultimodal, LocalTokenizer, LocalVocoder

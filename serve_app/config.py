@@ -122,7 +122,7 @@ class TokenizerStageConfig(_Strict):
         le=100_000,
         description="Prompts (without images) of at most this many characters are tokenized by the ingress "
         "itself, sparing them the hop to the tokenizer stage, which costs more CPU than tokenizing them "
-        "(serve_app/ingress/inline_tokenizer.py); 0 sends every prompt to the stage.",
+        "(serve_app/ingress/pipeline/inline_tokenizer.py); 0 sends every prompt to the stage.",
     )
 
 
@@ -309,10 +309,10 @@ class AdmissionConfig(_Strict):
         default=None,
         gt=0.0,
         le=1e9,
-        description="Admission by work (serve_app/ingress/work_admission.py): prompt tokens per second the engine "
-        "prefills when saturated (`python -m load.ceiling` measures it). With `decode_tokens_per_s`, a request is "
-        "admitted only while the work admitted before it, plus its own, fits in `max_wait_s` and its deadline "
-        "(reason `expected_wait`). Unset: requests are admitted by count only.",
+        description="Admission by work (serve_app/ingress/pipeline/work_admission.py): prompt tokens per second "
+        "the engine prefills when saturated (`python -m load.ceiling` measures it). With `decode_tokens_per_s`, "
+        "a request is admitted only while the work admitted before it, plus its own, fits in `max_wait_s` and its "
+        "deadline (reason `expected_wait`). Unset: requests are admitted by count only.",
     )
     decode_tokens_per_s: float | None = Field(
         default=None,

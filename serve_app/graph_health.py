@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from serve_app.config import _Strict
 from serve_app.errors import ServiceUnavailableError
-from serve_app.ingress.health import Check, HealthMonitor
+from serve_app.ingress.observability.health import Check, HealthMonitor
 
 
 class GraphHealthArgs(_Strict):

@@ -27,20 +27,20 @@ from serve_app.errors import (
     error_response,
     find_openai_error,
 )
-from serve_app.ingress.admission import InFlightLimit
-from serve_app.ingress.auth import ApiKeyAuth, load_keys
-from serve_app.ingress.body_limit import BodySizeLimit
 from serve_app.ingress.chat.protocol import ChatCompletionRequest
 from serve_app.ingress.chat.serving import create_chat_completion
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
-from serve_app.ingress.deadline import Deadline, request_deadline
-from serve_app.ingress.early_admission import EarlyAdmission
-from serve_app.ingress.metrics import IngressMetrics
-from serve_app.ingress.paths import KNOWN_PATHS, route_path
+from serve_app.ingress.middleware.admission import InFlightLimit
+from serve_app.ingress.middleware.auth import ApiKeyAuth, load_keys
+from serve_app.ingress.middleware.body_limit import BodySizeLimit
+from serve_app.ingress.middleware.early_admission import EarlyAdmission
+from serve_app.ingress.middleware.paths import KNOWN_PATHS, route_path
+from serve_app.ingress.observability.metrics import IngressMetrics
+from serve_app.ingress.pipeline.deadline import Deadline, request_deadline
+from serve_app.ingress.pipeline.router import Capability, ModelRouter, capabilities
+from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
-from serve_app.ingress.router import Capability, ModelRouter, capabilities
-from serve_app.ingress.services import Services
 from serve_app.ingress.speech.protocol import SpeechRequest, VoiceList
 from serve_app.ingress.speech.serving import create_speech, list_voices
 from serve_app.ingress.tokenize import serving as tokenize_serving

@@ -1,4 +1,4 @@
-"""The stages called in-process, as the ingress's clients (`serve_app/ingress/clients.py`): for unit
+"""The stages called in-process, as the ingress's clients (`serve_app/ingress/pipeline/clients.py`): for unit
 tests and for the single-process baseline that the benchmarks compare the graph against.
 
 The tokenizer, multimodal and vocoder deployments are these classes (they subclass them), and the

@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from load.bench.targets import free_port
 from serve_app.config import parse_app_args
-from serve_app.ingress.clients import LLMClient
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.clients import LLMClient
+from serve_app.ingress.pipeline.services import Services
 from serve_app.stages.local import LocalMultimodal, LocalTokenizer
 from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage

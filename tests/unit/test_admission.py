@@ -15,9 +15,9 @@ from ray.serve.exceptions import BackPressureError
 from deployments.handles import HandleLLM, HandleTokenizer
 from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OverloadedError, error_response
-from serve_app.ingress.admission import InFlightLimit
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.middleware.admission import InFlightLimit
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage

@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from serve_app.errors import EngineDeadError, OverloadedError
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 
 CHAT = "/v1/chat/completions"
 HI = [{"role": "user", "content": "Hi"}]

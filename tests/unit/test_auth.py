@@ -1,4 +1,4 @@
-"""serve_app/ingress/auth.py: optional bearer-token API keys in front of every route but /health."""
+"""serve_app/ingress/middleware/auth.py: optional bearer-token API keys in front of every route but /health."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from starlette.types import Message, Receive, Scope, Send
 from serve_app.config import AdmissionConfig, AuthConfig, ConfigError, parse_app_args
 from serve_app.errors import OpenAIError, error_response
 from serve_app.ingress.app import create_app
-from serve_app.ingress.auth import ApiKeyAuth, load_keys
-from serve_app.ingress.services import Services
+from serve_app.ingress.middleware.auth import ApiKeyAuth, load_keys
+from serve_app.ingress.pipeline.services import Services
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 

@@ -12,7 +12,7 @@ import pytest
 from load.bench import main
 from load.bench.cli import parse_args
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from tests.unit.bench_support import SPEECH_MODEL, FakeSpeech, serving, vision_services
 from tests.unit.conftest import FakeLLM
 

@@ -8,7 +8,7 @@ import pytest
 from load.bench.client import Endpoint, send
 from load.bench.datasets import Prompt
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from tests.unit.conftest import MAX_MODEL_LEN, MODEL_NAME
 
 

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from serve_app.config import parse_app_args
 from serve_app.errors import BadRequestError
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import ImagesRequest, ProcessedImage, ProcessedImages
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage

@@ -6,7 +6,7 @@ import httpx
 
 from load.client_burst import markdown, measure
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 
 
 async def test_every_request_of_a_burst_is_counted_by_outcome(services: Services) -> None:

@@ -1,4 +1,4 @@
-"""serve_app/ingress/clients.py: the ingress reaches the stages through Protocols, without importing them."""
+"""serve_app/ingress/pipeline/clients.py: the ingress reaches the stages through Protocols, without importing them."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from serve_app.ingress.chat.protocol import ChatCompletionRequest
 from serve_app.ingress.chat.serving import create_chat_completion
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import GenerateRequest, GenerationChunk
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage

@@ -1,4 +1,4 @@
-"""Request deadlines: the header and config (serve_app/ingress/deadline.py), each stage refusing late work,
+"""Request deadlines: the header and config (serve_app/ingress/pipeline/deadline.py), each stage refusing late work,
 and the ingress giving up at the deadline (504 JSON, or an SSE error event once the stream has started)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from serve_app.config import LimitsConfig
 from serve_app.errors import BadRequestError, DeadlineExceededError
-from serve_app.ingress.deadline import HEADER, Deadline, request_deadline, within
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.deadline import HEADER, Deadline, request_deadline, within
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, TextPrompt, TokenizeRequest
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import MODEL_NAME, FakeLLM

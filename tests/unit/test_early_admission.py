@@ -1,4 +1,4 @@
-"""serve_app/ingress/early_admission.py: weighing a generation request from its raw JSON, before FastAPI."""
+"""serve_app/ingress/middleware/early_admission.py: weighing a generation request from its raw JSON, before FastAPI."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from starlette.types import Receive, Scope, Send
 from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OpenAIError
 from serve_app.ingress.app import create_app
-from serve_app.ingress.early_admission import EarlyAdmission, Weight, weigh
-from serve_app.ingress.router import ModelRouter
-from serve_app.ingress.services import Services
+from serve_app.ingress.middleware.early_admission import EarlyAdmission, Weight, weigh
+from serve_app.ingress.pipeline.router import ModelRouter
+from serve_app.ingress.pipeline.services import Services
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import CountingTokenizer, FakeLLM, HeldLLM

@@ -26,7 +26,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 
 EXAMPLES_PER_OPERATION = 100
 CHECKS = [

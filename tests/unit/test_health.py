@@ -1,4 +1,4 @@
-"""serve_app/ingress/health.py: the background health monitor."""
+"""serve_app/ingress/observability/health.py: the background health monitor."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from serve_app.ingress.health import HealthMonitor
+from serve_app.ingress.observability.health import HealthMonitor
 
 
 class Check:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from serve_app.ingress.in_flight import InFlight
+from serve_app.ingress.middleware.in_flight import InFlight
 
 SCOPE: Scope = {"type": "http"}
 

@@ -1,9 +1,9 @@
-"""serve_app/ingress/inline_tokenizer.py: short prompts tokenized in the ingress, the rest in the stage."""
+"""serve_app/ingress/pipeline/inline_tokenizer.py: short prompts tokenized in the ingress, the rest in the stage."""
 
 from __future__ import annotations
 
 from serve_app.config import AppArgs, TokenizerStageConfig
-from serve_app.ingress.inline_tokenizer import InlineTokenizer
+from serve_app.ingress.pipeline.inline_tokenizer import InlineTokenizer
 from serve_app.messages import ChatPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from serve_app.config import AppArgs, LimitsConfig, ModelConfig, parse_app_args
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from tests.unit.conftest import FakeLLM
 
 CHAT = "/v1/chat/completions"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from tests.unit.bench_support import FakeSpeech, serving, vision_services
 from tests.unit.conftest import REPO, FakeLLM
 

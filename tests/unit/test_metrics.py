@@ -1,4 +1,4 @@
-"""The ingress's metrics (serve_app/ingress/metrics.py) as requests fill them: TTFT split into engine and
+"""The ingress's metrics (serve_app/ingress/observability/metrics.py) as requests fill them: TTFT split into engine and
 framework time (histogram and headers), and the per-stage in-flight gauge."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from fastapi.testclient import TestClient
 
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import GenerateRequest, GenerationChunk
 from tests.unit.conftest import MODEL_NAME, FakeLLM
 

@@ -13,7 +13,7 @@ from load.bench.runner import Cell, CellResult
 from load.overload import build, level_summary, main, markdown, parse_args
 from load.rss import MIB, RssSample, StageRss
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from tests.unit.bench_support import serving
 
 OPENAI_503 = '{"error":{"message":"overloaded","type":"ServiceUnavailable","param":null,"code":"overloaded"}}'

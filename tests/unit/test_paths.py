@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from serve_app.ingress.app import create_app
-from serve_app.ingress.paths import GENERATION_PATHS, route_path
-from serve_app.ingress.services import Services
+from serve_app.ingress.middleware.paths import GENERATION_PATHS, route_path
+from serve_app.ingress.pipeline.services import Services
 
 
 @pytest.mark.parametrize(

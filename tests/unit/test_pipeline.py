@@ -10,12 +10,12 @@ import pytest
 
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, EngineDeadError, NotFoundError
-from serve_app.ingress.generation import start_stream
+from serve_app.ingress.pipeline.generation import start_stream
+from serve_app.ingress.pipeline.responses import new_request_id, timing_headers
+from serve_app.ingress.pipeline.services import Services
+from serve_app.ingress.pipeline.streams import ChoiceState, merge
+from serve_app.ingress.pipeline.validation import check_limits, check_model
 from serve_app.ingress.protocol import SamplingRequest
-from serve_app.ingress.responses import new_request_id, timing_headers
-from serve_app.ingress.services import Services
-from serve_app.ingress.streams import ChoiceState, merge
-from serve_app.ingress.validation import check_limits, check_model
 from serve_app.messages import ChoiceDelta, GenerationChunk, TextPrompt, TokenizedPrompt, TokenLogprob
 
 

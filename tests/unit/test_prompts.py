@@ -1,8 +1,8 @@
-"""serve_app/ingress/prompts.py: chat messages to the tokenizer's prompt, images kept apart."""
+"""serve_app/ingress/pipeline/prompts.py: chat messages to the tokenizer's prompt, images kept apart."""
 
 from __future__ import annotations
 
-from serve_app.ingress.prompts import chat_prompt
+from serve_app.ingress.pipeline.prompts import chat_prompt
 from serve_app.ingress.protocol import ChatMessage
 
 

@@ -1,4 +1,4 @@
-"""serve_app/ingress/router.py through the app: one base URL for a text, a vision and a speech model,
+"""serve_app/ingress/pipeline/router.py through the app: one base URL for a text, a vision and a speech model,
 each request routed by its `model` to that model's own stages, limits, admission and health.
 
 In-process stages: the real tokenizer stages of the tiny models, FakeLLM/FakeMultimodal for the text
@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 
 from serve_app.config import AppArgs, parse_app_args
 from serve_app.ingress.app import create_app
-from serve_app.ingress.router import ModelRouter
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.router import ModelRouter
+from serve_app.ingress.pipeline.services import Services
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from serve_app.ingress.slots import Slots
+from serve_app.ingress.pipeline.slots import Slots
 
 
 async def test_holders_up_to_the_limit_enter_at_once() -> None:

@@ -15,7 +15,7 @@ from load.soak import build, error_list, kind_values, main, markdown, parse_args
 from serve_app.config import AdmissionConfig
 from serve_app.errors import OverloadedError
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import GenerateRequest, GenerationChunk
 from tests.unit.bench_support import serving
 from tests.unit.conftest import FakeLLM

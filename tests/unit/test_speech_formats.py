@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.tts_support import (  # noqa: F401  (the fixtures, registered by their names)
     FRAMES,

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from starlette.requests import ClientDisconnect
 
 from serve_app.errors import DeadlineExceededError, ServiceUnavailableError
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import AudioChunk, VocodeRequest
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
@@ -165,7 +165,7 @@ async def test_a_stream_beyond_max_streams_waits_for_a_slot(waiting_services: Se
 
 
 async def test_a_waiting_stream_ends_at_its_deadline(waiting_services: Services, vocoder: FakeVocoder) -> None:
-    from serve_app.ingress.deadline import Deadline
+    from serve_app.ingress.pipeline.deadline import Deadline
     from serve_app.ingress.speech.protocol import SpeechRequest
     from serve_app.ingress.speech.serving import create_speech
 

@@ -1,4 +1,4 @@
-"""serve_app/ingress/work_admission.py: admission by the engine time a request needs."""
+"""serve_app/ingress/pipeline/work_admission.py: admission by the engine time a request needs."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 
 from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import OverloadedError
-from serve_app.ingress.generation import start_generation
-from serve_app.ingress.services import Services
-from serve_app.ingress.work_admission import WorkGate
+from serve_app.ingress.pipeline.generation import start_generation
+from serve_app.ingress.pipeline.services import Services
+from serve_app.ingress.pipeline.work_admission import WorkGate
 from serve_app.messages import (
     SamplingSpec,
     TextPrompt,

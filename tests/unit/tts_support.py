@@ -27,7 +27,7 @@ from fastapi.testclient import TestClient
 from serve_app.codecs.orpheus import CODEBOOK_SIZE, FRAME_SIZE, OrpheusLayout
 from serve_app.config import AppArgs, parse_app_args
 from serve_app.ingress.app import create_app
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import AudioChunk, ChoiceDelta, GenerateRequest, GenerationChunk, VocodeRequest
 from serve_app.models.tiny_orpheus import ensure_tiny_orpheus_model
 from serve_app.stages.local import LocalTokenizer

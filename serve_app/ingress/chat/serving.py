@@ -11,14 +11,14 @@ from starlette.responses import JSONResponse
 from serve_app.ingress import sse
 from serve_app.ingress.chat.protocol import ChatCompletionRequest
 from serve_app.ingress.closing_response import ClosingStreamingResponse
-from serve_app.ingress.deadline import Deadline
-from serve_app.ingress.generation import Stream, start_stream
-from serve_app.ingress.prompts import chat_prompt
+from serve_app.ingress.pipeline.deadline import Deadline
+from serve_app.ingress.pipeline.generation import Stream, start_stream
+from serve_app.ingress.pipeline.prompts import chat_prompt
+from serve_app.ingress.pipeline.responses import new_request_id, timing_headers
+from serve_app.ingress.pipeline.services import Services
+from serve_app.ingress.pipeline.streams import ChoiceState
+from serve_app.ingress.pipeline.validation import check_limits, check_model
 from serve_app.ingress.protocol import usage
-from serve_app.ingress.responses import new_request_id, timing_headers
-from serve_app.ingress.services import Services
-from serve_app.ingress.streams import ChoiceState
-from serve_app.ingress.validation import check_limits, check_model
 from serve_app.messages import TokenLogprob
 
 

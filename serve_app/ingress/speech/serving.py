@@ -39,15 +39,15 @@ from serve_app.codecs.orpheus import FRAME_SIZE, FrameAssembler, OrpheusLayout
 from serve_app.config import TtsConfig
 from serve_app.errors import BadRequestError, OverloadedError
 from serve_app.ingress import sse
-from serve_app.ingress.clients import VocoderClient
 from serve_app.ingress.closing_response import ClosingStreamingResponse
-from serve_app.ingress.deadline import Deadline, deadline_at, within
-from serve_app.ingress.generation import Stream, start_generation
-from serve_app.ingress.responses import new_request_id, timing_headers
-from serve_app.ingress.services import Services
-from serve_app.ingress.slots import Slots
+from serve_app.ingress.pipeline.clients import VocoderClient
+from serve_app.ingress.pipeline.deadline import Deadline, deadline_at, within
+from serve_app.ingress.pipeline.generation import Stream, start_generation
+from serve_app.ingress.pipeline.responses import new_request_id, timing_headers
+from serve_app.ingress.pipeline.services import Services
+from serve_app.ingress.pipeline.slots import Slots
+from serve_app.ingress.pipeline.validation import check_model
 from serve_app.ingress.speech.protocol import SpeechRequest, VoiceList
-from serve_app.ingress.validation import check_model
 from serve_app.messages import AudioChunk, SamplingSpec, SpeechPrompt, TokenizeRequest, VocodeRequest
 
 # Frames of a token chunk that has not completed a frame are kept by FrameAssembler; a talker may

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from serve_app import messages
-from serve_app.ingress.prompts import chat_prompt
-from serve_app.ingress.services import Services
+from serve_app.ingress.pipeline.prompts import chat_prompt
+from serve_app.ingress.pipeline.services import Services
+from serve_app.ingress.pipeline.validation import check_model
 from serve_app.ingress.tokenize.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     TokenizeRequest,
     TokenizeResponse,
 )
-from serve_app.ingress.validation import check_model
 
 
 async def tokenize(services: Services, request: TokenizeRequest) -> TokenizeResponse:

@@ -18,8 +18,8 @@ from typing import Literal
 
 from serve_app.config import AdmissionConfig, AuthConfig
 from serve_app.errors import NotFoundError
-from serve_app.ingress.metrics import IngressMetrics, merge_expositions
-from serve_app.ingress.services import Services
+from serve_app.ingress.observability.metrics import IngressMetrics, merge_expositions
+from serve_app.ingress.pipeline.services import Services
 
 Capability = Literal["chat", "completions", "vision", "speech"]
 

@@ -20,8 +20,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.config import AuthConfig
 from serve_app.errors import AuthenticationError, OpenAIError, RateLimitError, error_response
-from serve_app.ingress.in_flight import InFlight
-from serve_app.ingress.paths import route_path
+from serve_app.ingress.middleware.in_flight import InFlight
+from serve_app.ingress.middleware.paths import route_path
 
 # Probes (load balancers, Kubernetes, Ray Serve's own checks) carry no credentials.
 OPEN_PATHS = frozenset({"/health"})

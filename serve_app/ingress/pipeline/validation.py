@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from serve_app.errors import BadRequestError, NotFoundError
+from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.protocol import SamplingRequest
-from serve_app.ingress.services import Services
 
 
 def check_model(services: Services, requested: str | None) -> str:

@@ -30,10 +30,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.config import AppArgs, LimitsConfig
 from serve_app.errors import OpenAIError, OverloadedError
-from serve_app.ingress.deadline import HEADER, request_deadline
-from serve_app.ingress.paths import route_path
-from serve_app.ingress.services import Services
-from serve_app.ingress.work_admission import WorkGate, WorkTicket
+from serve_app.ingress.middleware.paths import route_path
+from serve_app.ingress.pipeline.deadline import HEADER, request_deadline
+from serve_app.ingress.pipeline.services import Services
+from serve_app.ingress.pipeline.work_admission import WorkGate, WorkTicket
 
 _WEIGHED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _TIMEOUT_HEADER = HEADER.lower().encode()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
-from serve_app.ingress.clients import TokenizerClient
+from serve_app.ingress.pipeline.clients import TokenizerClient
 from serve_app.messages import ChatPrompt, SpeechPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
 
 if TYPE_CHECKING:

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
-from serve_app.ingress.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
-from serve_app.ingress.health import HealthMonitor
-from serve_app.ingress.metrics import IngressMetrics
-from serve_app.ingress.slots import Slots
-from serve_app.ingress.work_admission import WorkGate
+from serve_app.ingress.observability.health import HealthMonitor
+from serve_app.ingress.observability.metrics import IngressMetrics
+from serve_app.ingress.pipeline.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
+from serve_app.ingress.pipeline.slots import Slots
+from serve_app.ingress.pipeline.work_admission import WorkGate
 
 
 @dataclass

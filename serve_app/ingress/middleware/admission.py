@@ -15,8 +15,8 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from serve_app.errors import OpenAIError, OverloadedError
-from serve_app.ingress.in_flight import InFlight
-from serve_app.ingress.paths import GENERATION_PATHS, route_path
+from serve_app.ingress.middleware.in_flight import InFlight
+from serve_app.ingress.middleware.paths import GENERATION_PATHS, route_path
 
 
 class InFlightLimit:

@@ -23,13 +23,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from serve_app.errors import BadRequestError, DeadlineExceededError, EngineDeadError
-from serve_app.ingress.deadline import Deadline, deadline_at, within
-from serve_app.ingress.early_admission import budget, take_early_ticket
-from serve_app.ingress.inline_tokenizer import prompt_chars
-from serve_app.ingress.metrics import IngressMetrics
+from serve_app.ingress.middleware.early_admission import budget, take_early_ticket
+from serve_app.ingress.observability.metrics import IngressMetrics
+from serve_app.ingress.pipeline.deadline import Deadline, deadline_at, within
+from serve_app.ingress.pipeline.inline_tokenizer import prompt_chars
+from serve_app.ingress.pipeline.services import Services
+from serve_app.ingress.pipeline.work_admission import WorkTicket
 from serve_app.ingress.protocol import SamplingRequest
-from serve_app.ingress.services import Services
-from serve_app.ingress.work_admission import WorkTicket
 from serve_app.messages import (
     ChatPrompt,
     GenerateRequest,
