@@ -26,8 +26,9 @@ from deployments.llm import LLM
 from deployments.multimodal import Multimodal
 from deployments.tokenizer import Tokenizer
 from deployments.vocoder import Vocoder
-from serve_app.config import AppArgs, ConfigError
+from serve_app.config import AppArgs
 from serve_app.graph_args import GraphArgs, deployment_name, parse_graph_args
+from serve_app.strict_args import ConfigError
 
 TRANSPORT_LIMIT_ENV = "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"
 

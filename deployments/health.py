@@ -11,8 +11,8 @@ from typing import Any, cast
 from ray import serve
 from ray.serve import Application, Deployment
 
-from serve_app.config import parse_args
 from serve_app.graph_health import GraphHealthApp, GraphHealthArgs, Report
+from serve_app.strict_args import parse_args
 
 
 @serve.deployment(name="health", num_replicas=1, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})

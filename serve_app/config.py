@@ -7,16 +7,14 @@ are not here: they live in the YAML's `deployments:` list, where Ray Serve itsel
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, model_validator
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from serve_app.strict_args import Strict, parse_args
 
 
-class ModelConfig(_Strict):
+class ModelConfig(Strict):
     path: str = Field(
         description="Local model directory, or a Hugging Face model id (downloaded by vLLM on first use).",
         min_length=1,
@@ -44,7 +42,7 @@ class ModelConfig(_Strict):
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 
 
-class EngineConfig(_Strict):
+class EngineConfig(Strict):
     dtype: Dtype = Field(
         default="auto",
         description="Weight and activation dtype. `auto`: the checkpoint's on a GPU; on a CPU bfloat16 where it "
@@ -109,7 +107,7 @@ class EngineConfig(_Strict):
     )
 
 
-class TokenizerStageConfig(_Strict):
+class TokenizerStageConfig(Strict):
     threads: int = Field(
         default=2,
         ge=1,
@@ -126,7 +124,7 @@ class TokenizerStageConfig(_Strict):
     )
 
 
-class LimitsConfig(_Strict):
+class LimitsConfig(Strict):
     max_n: int = Field(default=16, ge=1, le=256, description="Largest `n` (choices per request) accepted.")
     max_logprobs: int = Field(default=20, ge=0, le=100, description="Largest `logprobs`/`top_logprobs`.")
     max_prompts_per_request: int = Field(
@@ -159,7 +157,7 @@ class LimitsConfig(_Strict):
     )
 
 
-class ImageFetchConfig(_Strict):
+class ImageFetchConfig(Strict):
     timeout_s: float = Field(default=10.0, gt=0.0, le=120.0, description="Time limit for fetching one image URL.")
     max_redirects: int = Field(default=3, ge=0, le=10, description="Redirects followed; each target is re-checked.")
     allowed_hosts: list[str] = Field(
@@ -179,7 +177,7 @@ def _all_image_formats() -> list[ImageFormat]:
     return ["PNG", "JPEG", "WEBP", "GIF", "BMP"]
 
 
-class MultimodalConfig(_Strict):
+class MultimodalConfig(Strict):
     """Image inputs; the multimodal deployment exists only when this block is in the YAML."""
 
     max_image_bytes: int = Field(
@@ -205,7 +203,7 @@ class MultimodalConfig(_Strict):
     fetch: ImageFetchConfig = Field(default_factory=ImageFetchConfig, description="Fetching `http(s)` image URLs.")
 
 
-class TtsConfig(_Strict):
+class TtsConfig(Strict):
     """Text-to-speech (`/v1/audio/speech`) with an Orpheus-style talker; the vocoder deployment exists
     only when this block is in the YAML."""
 
@@ -264,7 +262,7 @@ class TtsConfig(_Strict):
     )
 
 
-class AuthConfig(_Strict):
+class AuthConfig(Strict):
     api_keys: list[SecretStr] = Field(
         default_factory=list,
         description="Bearer tokens accepted in `Authorization`; with any set (here or from `api_keys_env`), "
@@ -284,7 +282,7 @@ class AuthConfig(_Strict):
     )
 
 
-class AdmissionConfig(_Strict):
+class AdmissionConfig(Strict):
     """How the ingress answers a request it does not admit: a stage at its queue limit (`stage_full`),
     the engine's waiting queue full (`engine_queue_full`), `tts.max_streams` speech streams
     (`max_streams`), the ingress at `max_in_flight` (`ingress_full`)."""
@@ -336,14 +334,14 @@ class AdmissionConfig(_Strict):
         return self
 
 
-class HealthConfig(_Strict):
+class HealthConfig(Strict):
     poll_interval_s: float = Field(
         default=2.0, gt=0.0, le=60.0, description="How often the ingress checks the stages in the background."
     )
     timeout_s: float = Field(default=5.0, gt=0.0, le=60.0, description="Time a stage has to answer a check.")
 
 
-class AppArgs(_Strict):
+class AppArgs(Strict):
     """Everything `deployments.graph:build_app` needs; the YAML `args:` block maps onto it."""
 
     model: ModelConfig = Field(description="The chat/completion model.")
@@ -380,25 +378,5 @@ class AppArgs(_Strict):
         return self
 
 
-class ConfigError(ValueError):
-    """Invalid application arguments; the message names every bad field."""
-
-
-ArgsT = TypeVar("ArgsT", bound=BaseModel)
-
-
 def parse_app_args(raw: dict[str, Any] | AppArgs) -> AppArgs:
     return parse_args(AppArgs, raw)
-
-
-def parse_args(cls: type[ArgsT], raw: dict[str, Any] | ArgsT) -> ArgsT:
-    """A YAML `args:` block as `cls`, or a ConfigError naming every bad field."""
-    if isinstance(raw, cls):
-        return raw
-    try:
-        return cls.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<args>'}: {err['msg']}" for err in exc.errors()
-        )
-        raise ConfigError(f"invalid application args: {problems}") from exc

@@ -15,10 +15,11 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from serve_app.config import AppArgs, AuthConfig, _Strict, parse_app_args, parse_args
+from serve_app.config import AppArgs, AuthConfig, parse_app_args
+from serve_app.strict_args import Strict, parse_args
 
 
-class GraphArgs(_Strict):
+class GraphArgs(Strict):
     """Everything `deployments.graph:build_app` needs for several models."""
 
     models: list[AppArgs] = Field(min_length=1, description="The models served, each with its own stages and limits.")

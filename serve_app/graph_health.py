@@ -17,12 +17,12 @@ from pydantic import Field, model_validator
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from serve_app.config import _Strict
 from serve_app.errors import ServiceUnavailableError
 from serve_app.ingress.observability.health import Check, HealthMonitor
+from serve_app.strict_args import Strict
 
 
-class GraphHealthArgs(_Strict):
+class GraphHealthArgs(Strict):
     """The `args:` of the graph's `/health` application (`deployments.health:build_health_app`)."""
 
     applications: list[str] = Field(

@@ -12,11 +12,12 @@ from fastapi.testclient import TestClient
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
-from serve_app.config import AdmissionConfig, AuthConfig, ConfigError, parse_app_args
+from serve_app.config import AdmissionConfig, AuthConfig, parse_app_args
 from serve_app.errors import OpenAIError, error_response
 from serve_app.ingress.app import create_app
 from serve_app.ingress.middleware.auth import ApiKeyAuth, load_keys
 from serve_app.ingress.pipeline.services import Services
+from serve_app.strict_args import ConfigError
 
 CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
 

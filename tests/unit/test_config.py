@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from serve_app.config import AppArgs, ConfigError, parse_app_args
+from serve_app.config import AppArgs, parse_app_args
+from serve_app.strict_args import ConfigError
 
 
 def minimal(**extra: Any) -> dict[str, Any]:

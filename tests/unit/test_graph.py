@@ -13,8 +13,9 @@ from ray.serve.schema import ServeDeploySchema
 from deployments.graph import build_app, check_transport_fits
 from deployments.health import build_health_app
 from load.serve_config import GRAPH_IMPORT_PATH, HEALTH_IMPORT_PATH, graph_apps
-from serve_app.config import ConfigError, parse_app_args, parse_args
+from serve_app.config import parse_app_args
 from serve_app.graph_health import GraphHealthArgs
+from serve_app.strict_args import ConfigError, parse_args
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
