@@ -28,12 +28,12 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from serve_app.config import AppArgs, LimitsConfig
+from serve_app.config import LimitsConfig
 from serve_app.errors import OpenAIError, OverloadedError
 from serve_app.ingress.middleware.paths import route_path
 from serve_app.ingress.pipeline.deadline import HEADER, request_deadline
 from serve_app.ingress.pipeline.services import Services
-from serve_app.ingress.pipeline.work_admission import WorkGate, WorkTicket
+from serve_app.ingress.pipeline.work_admission import WorkTicket, admit_prompt
 
 _WEIGHED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _TIMEOUT_HEADER = HEADER.lower().encode()
@@ -103,22 +103,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def admit(gate: WorkGate, args: AppArgs, weight: Weight, deadline_s: float | None) -> WorkTicket:
-    """`weight`'s ticket from `gate`, or OverloadedError: the same sizing as the request path's."""
-    prompt_tokens = weight.prompt_tokens
-    if prompt_tokens is None:
-        prompt_tokens = gate.estimate_tokens(weight.prompt_chars)
-    return gate.admit(prompt_tokens, budget(args, prompt_tokens, weight.max_tokens) * weight.n, deadline_s)
-
-
-def budget(args: AppArgs, prompt_tokens: int, max_tokens: int | None) -> int:
-    """Tokens a prompt may generate: `max_tokens`, or what the context leaves, capped by `limits.max_tokens`."""
-    room = max(0, args.model.max_model_len - prompt_tokens)
-    cap = args.limits.max_tokens
-    wanted = room if max_tokens is None else min(max_tokens, room)
-    return wanted if cap is None else min(wanted, cap)
-
-
 class EarlyAdmission:
     """Pure ASGI, inside the body-size limit (the body it buffers is bounded) and the key check."""
 
@@ -129,7 +113,7 @@ class EarlyAdmission:
         render: Callable[[OpenAIError, Services], Response],
     ) -> None:
         """`lookup`: the model a raw body names (`ModelRouter.lookup`: None for an unknown model, the route's
-        404, or a missing one among several, the route's 400); `render`: a refusal, as that model answers it."""
+        404); `render`: a refusal, as that model answers it."""
         self.app = app
         self.lookup = lookup
         self.render = render
@@ -177,7 +161,10 @@ class EarlyAdmission:
         if deadline_s is not None and deadline_s <= 0:
             return None  # a passed deadline is the route's 504, not an overload
         try:
-            return admit(services.work, services.args, weight, deadline_s)
+            return admit_prompt(
+                services.work, services.args, weight.prompt_chars, weight.prompt_tokens,
+                max_tokens=weight.max_tokens, n=weight.n, deadline_s=deadline_s,
+            )  # fmt: skip
         except OverloadedError as error:
             return self.render(error, services)
 

@@ -23,12 +23,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 
 from serve_app.errors import BadRequestError, DeadlineExceededError, EngineDeadError
-from serve_app.ingress.middleware.early_admission import budget, take_early_ticket
+from serve_app.ingress.middleware.early_admission import take_early_ticket
 from serve_app.ingress.observability.metrics import IngressMetrics
 from serve_app.ingress.pipeline.deadline import Deadline, deadline_at, within
 from serve_app.ingress.pipeline.inline_tokenizer import prompt_chars
 from serve_app.ingress.pipeline.services import Services
-from serve_app.ingress.pipeline.work_admission import WorkTicket
+from serve_app.ingress.pipeline.work_admission import WorkTicket, admit_prompt
 from serve_app.ingress.protocol import SamplingRequest
 from serve_app.messages import (
     ChatPrompt,
@@ -198,10 +198,11 @@ def admit_work(services: Services, tokenize: TokenizeRequest, deadline: Deadline
         return early
     prompt = tokenize.prompt
     exact = prompt.token_ids if isinstance(prompt, TextPrompt) else None
-    prompt_tokens = len(exact) if exact is not None else services.work.estimate_tokens(prompt_chars(prompt))
-    prompt_tokens += sum(tokenize.image_tokens)
-    max_tokens = budget(services.args, prompt_tokens, tokenize.max_tokens)
-    return services.work.admit(prompt_tokens, max_tokens, None if deadline is None else deadline.remaining())
+    return admit_prompt(
+        services.work, services.args, prompt_chars(prompt), None if exact is None else len(exact),
+        extra_tokens=sum(tokenize.image_tokens), max_tokens=tokenize.max_tokens,
+        deadline_s=None if deadline is None else deadline.remaining(),
+    )  # fmt: skip
 
 
 async def _in_flight(

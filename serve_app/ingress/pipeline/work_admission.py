@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from serve_app.config import AppArgs
 from serve_app.errors import OverloadedError
 
 
@@ -104,3 +105,28 @@ class WorkGate:
                 reason="expected_wait",
             )
         return WorkTicket(self, prompt_tokens * self.prefill_s, self._decode_s, max_tokens)
+
+
+def admit_prompt(
+    gate: WorkGate,
+    args: AppArgs,
+    chars: int,
+    exact_tokens: int | None,
+    *,
+    extra_tokens: int = 0,
+    max_tokens: int | None,
+    n: int = 1,
+    deadline_s: float | None,
+) -> WorkTicket:
+    """One prompt's ticket, before it is tokenized: `exact_tokens` (token-id prompts) or `chars` at the
+    tokens per character learned, plus `extra_tokens` (images), generating `n` times its budget."""
+    prompt_tokens = (gate.estimate_tokens(chars) if exact_tokens is None else exact_tokens) + extra_tokens
+    return gate.admit(prompt_tokens, budget(args, prompt_tokens, max_tokens) * n, deadline_s)
+
+
+def budget(args: AppArgs, prompt_tokens: int, max_tokens: int | None) -> int:
+    """Tokens a prompt may generate: `max_tokens`, or what the context leaves, capped by `limits.max_tokens`."""
+    room = max(0, args.model.max_model_len - prompt_tokens)
+    cap = args.limits.max_tokens
+    wanted = room if max_tokens is None else min(max_tokens, room)
+    return wanted if cap is None else min(wanted, cap)
