@@ -80,6 +80,11 @@ class TokenizeRequest:
     # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
     deadline: float | None = None
 
+    @property
+    def prompt_param(self) -> str:
+        """The request field the prompt came from, named by errors about its length."""
+        return {ChatPrompt: "messages", SpeechPrompt: "input"}.get(type(self.prompt), "prompt")
+
 
 @dataclass(frozen=True, slots=True)
 class TokenizedPrompt:

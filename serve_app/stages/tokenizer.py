@@ -9,6 +9,8 @@ never by changing tokenizer state.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import queue
 import time
 from collections.abc import Callable, Iterator
@@ -91,6 +93,45 @@ def _message_parts(content: Any, index: int) -> Any:
     return parts
 
 
+def max_chars_per_token(tok: Any) -> int | None:
+    """The most characters of prompt text that one token can stand for, or None where no bound holds.
+
+    A BPE tokenizer that spells every character with tokens of its vocabulary (byte-level, as Llama 3,
+    GPT-2 and Qwen, or with byte fallback, as Llama 2 and Mistral) and whose normalizer never shortens
+    text turns `c` characters into at least c / bound tokens, before a chat template adds its own. Not so
+    for WordPiece or Unigram (an unknown word of any length is one token), nor after NFC, accent
+    stripping and the like: None for those.
+    """
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:  # a slow (Python) tokenizer: nothing to inspect
+        return None
+    spec = json.loads(backend.to_str())
+    model = spec.get("model") or {}
+    spelled = bool(model.get("byte_fallback")) or _has_type(spec.get("pre_tokenizer"), "ByteLevel")
+    if model.get("type") != "BPE" or not spelled or not _keeps_length(spec.get("normalizer")):
+        return None
+    return max(len(token) for token in tok.get_vocab())
+
+
+def _has_type(node: Any, kind: str) -> bool:
+    if not isinstance(node, dict):
+        return False
+    return node.get("type") == kind or any(_has_type(n, kind) for n in node.get("pretokenizers") or [])
+
+
+def _keeps_length(normalizer: Any) -> bool:
+    """Whether a normalizer (tokenizer.json's) never makes text shorter."""
+    if normalizer is None:
+        return True
+    kind = normalizer.get("type")
+    if kind == "Sequence":
+        return all(_keeps_length(n) for n in normalizer.get("normalizers") or [])
+    if kind == "Replace":
+        pattern = (normalizer.get("pattern") or {}).get("String")
+        return isinstance(pattern, str) and len(normalizer.get("content") or "") >= len(pattern)
+    return kind in ("Prepend", "Lowercase", "NFD")
+
+
 _MEDIA_PARTS = frozenset({"image", "image_url", "input_image", "input_audio", "audio_url", "video_url"})
 
 
@@ -122,6 +163,12 @@ class TokenizerStage:
     @property
     def threads(self) -> int:
         return self._pool.size
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int | None:
+        """`max_chars_per_token` of this model's tokenizer (asked by the ingress only, once)."""
+        with self._pool.borrow() as tok:
+            return max_chars_per_token(tok)
 
     @property
     def speech_layout(self) -> OrpheusLayout | None:
@@ -228,7 +275,7 @@ class TokenizerStage:
             raise BadRequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your "
                 f"request has {n} input tokens. Please reduce the length of the input.",
-                param={ChatPrompt: "messages", SpeechPrompt: "input"}.get(type(request.prompt), "prompt"),
+                param=request.prompt_param,
                 code="context_length_exceeded",
             )
         room = self.max_model_len - n

@@ -24,10 +24,11 @@ def test_weigh_reads_the_first_prompt_and_the_generation_budget() -> None:
     chat = {"messages": [{"role": "user", "content": "hello"},
                          {"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "image_url"}]}],
             "max_completion_tokens": 7, "n": 2}  # fmt: skip
-    assert weigh("/v1/chat/completions", chat) == Weight(8, None, 7, 2)
-    assert weigh("/v1/completions", {"prompt": ["four", "longer"], "max_tokens": 3}) == Weight(4, None, 3, 1)
-    assert weigh("/v1/completions", {"prompt": [1, 2, 3]}) == Weight(0, 3, None, 1)
-    assert weigh("/v1/completions", {"prompt": [[1, 2], [3]]}) == Weight(0, 2, None, 1)
+    assert weigh("/v1/chat/completions", chat) == Weight(8, None, 7, 2, False, "messages")
+    prompts = {"prompt": ["four", "longer"], "max_tokens": 3, "truncate_prompt_tokens": 2}
+    assert weigh("/v1/completions", prompts) == Weight(4, None, 3, 1, True, "prompt")
+    assert weigh("/v1/completions", {"prompt": [1, 2, 3]}) == Weight(0, 3, None, 1, False, "prompt")
+    assert weigh("/v1/completions", {"prompt": [[1, 2], [3]]}) == Weight(0, 2, None, 1, False, "prompt")
 
 
 @pytest.mark.parametrize(
@@ -133,3 +134,26 @@ async def test_a_refusal_answers_as_the_model_it_names(
     assert refused.status_code == 429 and refused.headers["Retry-After"] == "3"  # the full model's own answer
     assert served.status_code == 200  # one model's backlog refuses nothing of another's
     assert full.metrics.rejections.labels("ingress", "expected_wait")._value.get() == 1
+
+
+async def test_a_prompt_that_cannot_fit_the_context_is_a_400_before_any_tokenizing(
+    gated: tuple[Services, CountingTokenizer, HeldLLM],
+) -> None:
+    services, tokenizer, llm = gated
+    llm.release.set()  # the engine answers what reaches it
+    assert services.work is not None
+    services.work.max_chars_per_token = 80  # the tiny model's tokenizer's
+    long = "serve123 " * (80 * services.args.model.max_model_len // 9 + 1)
+    transport = httpx.ASGITransport(app=create_app(services))
+    async with httpx.AsyncClient(transport=transport, base_url="http://graph") as client:
+        completion = await client.post("/v1/completions", json={"prompt": long, "max_tokens": 4})
+        chat = await client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": long}]})
+        cut = await client.post("/v1/completions", json={"prompt": long, "max_tokens": 4, "truncate_prompt_tokens": 8})
+    for response, param in ((completion, "prompt"), (chat, "messages")):
+        assert response.status_code == 400  # on an idle engine too: not an overload to retry later
+        error = response.json()["error"]
+        assert error["code"] == "context_length_exceeded" and error["param"] == param
+        assert "Retry-After" not in response.headers
+    assert tokenizer.calls == 1  # only the truncated prompt was tokenized
+    assert cut.status_code == 200
+    assert services.work.live == 0

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from serve_app.config import AppArgs, TokenizerStageConfig
+from serve_app.config import AdmissionConfig, AppArgs, TokenizerStageConfig
 from serve_app.ingress.pipeline.inline_tokenizer import InlineTokenizer
+from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import ChatPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.conftest import FakeLLM
 
 
 class RecordingStage(LocalTokenizer):
@@ -60,3 +62,12 @@ def test_zero_inlines_nothing(app_args: AppArgs, tokenizer_stage: TokenizerStage
     stage = LocalTokenizer(tokenizer_stage)
     args = app_args.model_copy(update={"tokenizer": TokenizerStageConfig(inline_max_chars=0)})
     assert InlineTokenizer.around(args, stage) is stage
+
+
+def test_the_work_gate_takes_the_inline_tokenizers_bound(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
+    admission = AdmissionConfig(prefill_tokens_per_s=1000, decode_tokens_per_s=100)
+    args = app_args.model_copy(update={"admission": admission})
+    services = Services.create(args, inline(args, RecordingStage(tokenizer_stage), max_chars=100), FakeLLM())
+    assert services.work is not None and services.work.max_chars_per_token == tokenizer_stage.max_chars_per_token == 80
+    staged = Services.create(args, RecordingStage(tokenizer_stage), FakeLLM())  # no copy in the ingress: no bound
+    assert staged.work is not None and staged.work.max_chars_per_token is None

@@ -13,7 +13,7 @@ import pytest
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError
 from serve_app.messages import ChatPrompt, TextPrompt, TokenizeRequest
-from serve_app.stages.tokenizer import TokenizerPool, TokenizerStage, load_hf_tokenizer
+from serve_app.stages.tokenizer import TokenizerPool, TokenizerStage, load_hf_tokenizer, max_chars_per_token
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 CONTEXT = "context_length_exceeded"
@@ -282,3 +282,40 @@ def test_pool_returns_a_copy_when_the_body_raises() -> None:
         raise RuntimeError("boom")
     with pool.borrow() as copy:  # would block forever if the copy had been lost
         assert copy is not None
+
+
+def _fast(model: Any, normalizer: Any = None, pre_tokenizer: Any = None) -> Any:
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(model)
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    if pre_tokenizer is not None:
+        tok.pre_tokenizer = pre_tokenizer
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+
+def test_max_chars_per_token_bounds_the_tiny_models_token_count(hf_tokenizer: Any) -> None:
+    bound = max_chars_per_token(hf_tokenizer)
+    assert bound == max(len(t) for t in hf_tokenizer.get_vocab())
+    # The densest texts it can meet: runs of its longest tokens, unicode, and the bench's kind of prose.
+    longest = max(hf_tokenizer.get_vocab(), key=len)
+    texts = [longest * 50, "#" * 10_000, " " * 5_000, "héllo wörld ünïcode 😀 " * 200, "serve123 graph45 " * 500]
+    for text in texts:
+        assert len(hf_tokenizer.encode(text, add_special_tokens=False)) >= -(-len(text) // bound)
+
+
+def test_max_chars_per_token_is_none_where_a_token_can_stand_for_any_length() -> None:
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "a": 1, "b": 2, "ab": 3}
+    assert max_chars_per_token(_fast(models.WordPiece(vocab, unk_token="[UNK]"))) is None
+    byte_level = pre_tokenizers.ByteLevel()
+    assert max_chars_per_token(_fast(models.BPE(vocab, [("a", "b")]), normalizers.NFC(), byte_level)) is None
+    shrinking = normalizers.Replace("aa", "a")
+    assert max_chars_per_token(_fast(models.BPE(vocab, [("a", "b")]), shrinking, byte_level)) is None
+    # Neither byte-level nor byte fallback: unknown characters become [UNK] (fused, any number in one).
+    assert max_chars_per_token(_fast(models.BPE(vocab, [("a", "b")], unk_token="[UNK]", fuse_unk=True))) is None
+    spelled = _fast(models.BPE(vocab, [("a", "b")], byte_fallback=True), normalizers.Replace(" ", "▁"))
+    assert max_chars_per_token(spelled) == 5  # "[UNK]"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from serve_app.config import AdmissionConfig, AppArgs
-from serve_app.errors import OverloadedError
+from serve_app.errors import BadRequestError, OverloadedError
 from serve_app.ingress.pipeline.generation import start_generation
 from serve_app.ingress.pipeline.services import Services
-from serve_app.ingress.pipeline.work_admission import WorkGate
+from serve_app.ingress.pipeline.work_admission import WorkGate, admit_prompt
 from serve_app.messages import (
     SamplingSpec,
     TextPrompt,
@@ -136,3 +136,22 @@ async def test_a_request_is_refused_before_the_tokenizer_sees_it(
     assert tokenizer.calls == 1
     await stream.close()
     assert services.work.backlog_s == 0.0
+
+
+@pytest.mark.parametrize("param", ["prompt", "messages"])
+def test_a_prompt_longer_than_the_context_can_spell_is_a_400_at_once(app_args: AppArgs, param: str) -> None:
+    g = gate()
+    g.max_chars_per_token = 10
+    limit = app_args.model.max_model_len  # tokens: 10 * limit characters cannot fit
+    with pytest.raises(BadRequestError) as refused:
+        admit_prompt(g, app_args, 10 * limit, None, max_tokens=1, deadline_s=None, param=param)
+    assert refused.value.code == "context_length_exceeded" and refused.value.param == param
+    assert f"at least {limit} input tokens" in refused.value.message
+    with pytest.raises(BadRequestError):  # token ids: counted exactly
+        admit_prompt(g, app_args, 0, limit, max_tokens=1, deadline_s=None)
+    assert g.live == 0  # nothing was admitted
+    # One character less fits the bound (the tokenizer stage has the last word); truncation cuts instead.
+    admit_prompt(g, app_args, 10 * (limit - 1), None, max_tokens=1, deadline_s=None).release()
+    admit_prompt(g, app_args, 100 * limit, None, max_tokens=1, deadline_s=None, truncating=True).release()
+    g.max_chars_per_token = None  # a tokenizer without a bound: weighed as before
+    admit_prompt(g, app_args, 100 * limit, None, max_tokens=1, deadline_s=None).release()

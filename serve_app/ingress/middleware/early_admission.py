@@ -29,9 +29,10 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.config import LimitsConfig
-from serve_app.errors import OpenAIError, OverloadedError
+from serve_app.errors import BadRequestError, OpenAIError, OverloadedError
 from serve_app.ingress.middleware.paths import route_path
 from serve_app.ingress.pipeline.deadline import HEADER, request_deadline
+from serve_app.ingress.pipeline.inline_tokenizer import content_chars
 from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.pipeline.work_admission import WorkTicket, admit_prompt
 
@@ -68,6 +69,8 @@ class Weight:
     prompt_tokens: int | None
     max_tokens: int | None
     n: int
+    truncating: bool  # `truncate_prompt_tokens` set: a prompt longer than the context is cut, not refused
+    param: str  # where the prompt is: "messages" or "prompt"
 
 
 def weigh(path: str, body: dict[str, Any]) -> Weight | None:
@@ -75,27 +78,22 @@ def weigh(path: str, body: dict[str, Any]) -> Weight | None:
     accepts (the route will say what is wrong)."""
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     n = body.get("n", 1)
+    truncating = body.get("truncate_prompt_tokens") is not None
     if not (max_tokens is None or _is_int(max_tokens)) or not _is_int(n) or n < 1:
         return None
     if path == "/v1/chat/completions":
         messages = body.get("messages")
         if not isinstance(messages, list):
             return None
-        chars = 0
-        for message in messages:
-            content = message.get("content") if isinstance(message, dict) else None
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                chars += sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-        return Weight(chars, None, max_tokens, n)
+        chars = sum(content_chars(m.get("content")) for m in messages if isinstance(m, dict))
+        return Weight(chars, None, max_tokens, n, truncating, "messages")
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # several prompts: the first here, the others in the request path
     if isinstance(prompt, str):
-        return Weight(len(prompt), None, max_tokens, n)
+        return Weight(len(prompt), None, max_tokens, n, truncating, "prompt")
     if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
-        return Weight(0, len(prompt), max_tokens, n)
+        return Weight(0, len(prompt), max_tokens, n, truncating, "prompt")
     return None
 
 
@@ -164,8 +162,9 @@ class EarlyAdmission:
             return admit_prompt(
                 services.work, services.args, weight.prompt_chars, weight.prompt_tokens,
                 max_tokens=weight.max_tokens, n=weight.n, deadline_s=deadline_s,
+                truncating=weight.truncating, param=weight.param,
             )  # fmt: skip
-        except OverloadedError as error:
+        except (OverloadedError, BadRequestError) as error:  # an overload, or a prompt too long for the context
             return self.render(error, services)
 
 

@@ -202,6 +202,8 @@ def admit_work(services: Services, tokenize: TokenizeRequest, deadline: Deadline
         services.work, services.args, prompt_chars(prompt), None if exact is None else len(exact),
         extra_tokens=sum(tokenize.image_tokens), max_tokens=tokenize.max_tokens,
         deadline_s=None if deadline is None else deadline.remaining(),
+        truncating=tokenize.truncate_prompt_tokens is not None,
+        param=tokenize.prompt_param,
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ the result is the stage's to the token.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
@@ -25,8 +25,18 @@ if TYPE_CHECKING:
 def prompt_chars(prompt: ChatPrompt | TextPrompt | SpeechPrompt) -> int:
     """Characters of the prompt's text (chat: of its messages' text parts)."""
     if isinstance(prompt, ChatPrompt):
-        return sum(len(str(m.get("content") or "")) for m in prompt.messages)
+        return sum(content_chars(m.get("content")) for m in prompt.messages)
     return len(prompt.text or "")
+
+
+def content_chars(content: Any) -> int:
+    """Characters of a chat message's text: a string, or the text parts of a list (an image's URL or
+    data is not text the tokenizer sees)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(len(p["text"]) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return 0
 
 
 class InlineTokenizer:
@@ -47,6 +57,12 @@ class InlineTokenizer:
         from serve_app.stages.tokenizer import TokenizerStage
 
         return cls(TokenizerStage.from_args(args, threads=1), stage, max_chars)
+
+    @property
+    def max_chars_per_token(self) -> int | None:
+        """The tokenizer's bound (`stages.tokenizer.max_chars_per_token`): the ingress refuses a prompt
+        that cannot fit the context before any tokenizing (`work_admission.admit_prompt`)."""
+        return self._local.max_chars_per_token
 
     def inlines(self, request: TokenizeRequest) -> bool:
         return not request.image_tokens and prompt_chars(request.prompt) <= self._max_chars

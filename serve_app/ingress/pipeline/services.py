@@ -15,6 +15,7 @@ from serve_app.config import AppArgs
 from serve_app.ingress.observability.health import HealthMonitor
 from serve_app.ingress.observability.metrics import IngressMetrics
 from serve_app.ingress.pipeline.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
+from serve_app.ingress.pipeline.inline_tokenizer import InlineTokenizer
 from serve_app.ingress.pipeline.slots import Slots
 from serve_app.ingress.pipeline.work_admission import WorkGate
 
@@ -48,6 +49,8 @@ class Services:
         self.work = None
         if admission.prefill_tokens_per_s is not None and admission.decode_tokens_per_s is not None:
             self.work = WorkGate(admission.prefill_tokens_per_s, admission.decode_tokens_per_s, admission.max_wait_s)
+            if isinstance(self.tokenizer, InlineTokenizer):  # the ingress's own tokenizer copy knows its bound
+                self.work.max_chars_per_token = self.tokenizer.max_chars_per_token
 
     @classmethod
     def create(

@@ -13,6 +13,11 @@ than the batch rate, but then nothing waits behind it.
 A request is weighed when it arrives, before the tokenizer stage, so a refusal costs no tokenizer
 work and does not wait in its queue: its prompt's characters times the tokens per character of the
 prompts tokenized so far (exact for token-id prompts); once tokenized, its ticket takes its real size.
+
+A prompt that cannot fit the context whatever the load (more characters than `max_model_len` tokens
+can spell, when the tokenizer bounds the characters per token) gets the tokenizer stage's 400 at once:
+an overload refusal would tell its client to retry it, and tokenizing it first is the work a burst of
+such prompts would pile on.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import math
 
 from serve_app.config import AppArgs
-from serve_app.errors import OverloadedError
+from serve_app.errors import BadRequestError, OverloadedError
 
 
 class WorkTicket:
@@ -81,6 +86,8 @@ class WorkGate:
         self.live = 0
         # Learned from the prompts tokenized so far, to weigh a request before it is tokenized.
         self.tokens_per_char = self.FIRST_TOKENS_PER_CHAR
+        # The tokenizer's most characters per token (`stages.tokenizer.max_chars_per_token`), when known.
+        self.max_chars_per_token: int | None = None
 
     def estimate_tokens(self, chars: int) -> int:
         return math.ceil(chars * self.tokens_per_char)
@@ -117,11 +124,33 @@ def admit_prompt(
     max_tokens: int | None,
     n: int = 1,
     deadline_s: float | None,
+    truncating: bool = False,
+    param: str = "prompt",
 ) -> WorkTicket:
     """One prompt's ticket, before it is tokenized: `exact_tokens` (token-id prompts) or `chars` at the
-    tokens per character learned, plus `extra_tokens` (images), generating `n` times its budget."""
+    tokens per character learned, plus `extra_tokens` (images), generating `n` times its budget.
+    BadRequestError (about `param`) for a prompt that cannot fit the context unless `truncating`."""
+    if not truncating:
+        _check_fits(gate, args.model.max_model_len, chars, exact_tokens, extra_tokens, param)
     prompt_tokens = (gate.estimate_tokens(chars) if exact_tokens is None else exact_tokens) + extra_tokens
     return gate.admit(prompt_tokens, budget(args, prompt_tokens, max_tokens) * n, deadline_s)
+
+
+def _check_fits(gate: WorkGate, max_model_len: int, chars: int, exact: int | None, extra: int, param: str) -> None:
+    if exact is not None:
+        fewest, counted = exact + extra, ""
+    elif gate.max_chars_per_token:
+        fewest = -(-chars // gate.max_chars_per_token) + extra
+        counted = "at least "
+    else:
+        return
+    if fewest >= max_model_len:  # the tokenizer stage's own check and words (`TokenizerStage._check_length`)
+        raise BadRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{counted}{fewest} input tokens. Please reduce the length of the input.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def budget(args: AppArgs, prompt_tokens: int, max_tokens: int | None) -> int:
