@@ -31,7 +31,7 @@ import httpx
 
 from load.bench import targets
 from load.bench.datasets import WORDS
-from load.bench.health import probe, summarize
+from load.bench.health import ProbeProcess, summarize
 from load.meta import run_meta
 from load.stats import summary_ms
 
@@ -93,13 +93,11 @@ async def burst(url: str, model: str, n: int, max_tokens: int, input_words: int,
 async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, seed: int) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=30) as client:
         model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
-        stop = asyncio.Event()
-        health = asyncio.create_task(probe(client, url, stop, 0.05))
+    with ProbeProcess(url, 0.05) as health:  # the burst's 400 connections stall this process's loop
         started = time.perf_counter()
         answers = await burst(url, model, n, max_tokens, opts.input_words, seed)
         wall = time.perf_counter() - started
-        stop.set()
-        samples = await health
+        samples = health.stop()
     kinds = Counter(a.kind if isinstance(a, Answer) else a for a in answers)
     ok = [a for a in answers if isinstance(a, Answer)]
     return {

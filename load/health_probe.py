@@ -3,7 +3,7 @@
 Long prompts (tens of thousands of tokens) beyond the model's context are rejected with a 400, after
 tokenizing them where a server cannot tell sooner: work that stalls a single-process server's event
 loop. Targets are measured one after another in the same run, each with an idle phase first; the
-probes run in a process of their own (`probe_for`), apart from the load's saturated client.
+probes run in a process of their own (`ProbeProcess`), apart from the load's saturated client.
 `python -m load.health_probe --target graph=http://127.0.0.1:8000 --target baseline=http://127.0.0.1:8001`
 """
 
@@ -12,15 +12,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import random
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import httpx
 
-from load.bench.health import HealthSample, loop_lag, probe, summarize
+from load.bench.health import ProbeProcess, loop_lag, summarize
 from load.meta import run_meta
 
 WORDS = [
@@ -57,37 +55,22 @@ async def load(client: httpx.AsyncClient, url: str, stop: asyncio.Event, prompts
         statuses[response.status_code] += 1
 
 
-def probe_for(url: str, duration_s: float) -> list[HealthSample]:
-    """`/health` probed for `duration_s`, in the process that calls this.
-
-    Run in a process of its own: the load's client spends a whole core encoding and sending 300 KB
-    bodies, and probes timed on that client's event loop measured its stall as much as the server's
-    (p99 of 2.2-2.7 s for both targets, with half a core idle on the server's side).
-    """
-
-    async def run() -> list[HealthSample]:
-        async with httpx.AsyncClient(timeout=300) as client:
-            stop = asyncio.Event()
-            asyncio.get_running_loop().call_later(duration_s, stop.set)
-            return await probe(client, url, stop, PROBE_INTERVAL_S)
-
-    return asyncio.run(run())
-
-
 async def measure(url: str, concurrency: int, duration_s: float, prompts: list[str]) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=concurrency + 4)
-    loop = asyncio.get_running_loop()
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as prober:
-        idle = await loop.run_in_executor(prober, probe_for, url, 3.0)
-        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-            statuses: Counter[int] = Counter()
-            stop = asyncio.Event()
-            lag = asyncio.create_task(loop_lag(stop))
+    with ProbeProcess(url, PROBE_INTERVAL_S) as prober:
+        await asyncio.sleep(3)
+        idle = prober.stop()
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        statuses: Counter[int] = Counter()
+        stop = asyncio.Event()
+        lag = asyncio.create_task(loop_lag(stop))
+        with ProbeProcess(url, PROBE_INTERVAL_S) as prober:
             tasks = [asyncio.create_task(load(client, url, stop, prompts, statuses)) for _ in range(concurrency)]
-            loaded = await loop.run_in_executor(prober, probe_for, url, duration_s)
-            stop.set()
-            await asyncio.gather(*tasks)
-            lags = await lag
+            await asyncio.sleep(duration_s)
+            loaded = prober.stop()
+        stop.set()
+        await asyncio.gather(*tasks)
+        lags = await lag
     return {"idle_health_ms": summarize(idle), "loaded_health_ms": summarize(loaded),
             "responses": dict(statuses), "requests_per_s": sum(statuses.values()) / duration_s,
             "load_client_lag_max_ms": round(1000 * max(lags, default=0.0), 1)}  # fmt: skip

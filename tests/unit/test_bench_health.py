@@ -7,8 +7,11 @@ import itertools
 import time
 
 import httpx
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
-from load.bench.health import HealthSample, loop_lag, probe, summarize
+from load.bench.health import HealthSample, ProbeProcess, loop_lag, probe, summarize
+from tests.unit.bench_support import serving
 
 
 async def run_probe(handler: httpx.MockTransport, seconds: float, interval_s: float) -> list[HealthSample]:
@@ -50,3 +53,15 @@ async def test_loop_lag_sees_a_blocked_loop() -> None:
     lags = await task
     assert max(lags) >= 0.08
     assert sorted(lags)[len(lags) // 2] < 0.03
+
+
+async def test_a_probe_process_probes_until_stopped_on_this_processs_clock() -> None:
+    app = FastAPI()
+    app.get("/health")(lambda: JSONResponse({}))
+    with serving(app) as url, ProbeProcess(url, 0.05) as prober:
+        started = time.perf_counter()
+        await asyncio.sleep(0.3)
+        samples = prober.stop()
+        stopped = time.perf_counter()
+    assert len(samples) >= 3 and all(s.status == 200 for s in samples)
+    assert started - 1.0 < samples[0].sent_at and samples[-1].sent_at < stopped
