@@ -124,10 +124,11 @@ def test_zy_tokenizer_killed_mid_request(graph: str) -> None:
     pid = replica_pid(APP, deployment(TEXT_MODEL, "tokenizer"))
     # Several seconds of tokenizing: the replica is certainly inside the call when it dies. (A replica
     # stopped before the call never gets it: Serve's router probes it, waits, and sends the request to
-    # the replacement, which answers 200.)
-    prompt = "tokenize these words please " * 300_000
+    # the replacement, which answers 200.) Truncated: a prompt this long is otherwise refused on arrival,
+    # as one that cannot fit the context, before any tokenizing.
+    body = {"model": "tiny-chat", "prompt": "tokenize these words please " * 300_000, "truncate_prompt_tokens": 16}
     idle = cpu_seconds(pid)
-    call = lambda: httpx.post(f"{graph}/v1/completions", json={"model": "tiny-chat", "prompt": prompt}, timeout=120)  # noqa: E731
+    call = lambda: httpx.post(f"{graph}/v1/completions", json=body, timeout=120)  # noqa: E731
     with in_background(call) as future:
         wait_for(lambda: cpu_seconds(pid) > idle + 0.5, 60, "the tokenizer to be busy with the request")
         os.kill(pid, signal.SIGKILL)
