@@ -52,6 +52,16 @@ class BadRequestError(OpenAIError):
     status_code = 400
     error_type = "BadRequestError"
 
+    @classmethod
+    def context_length_exceeded(cls, max_model_len: int, tokens: str, param: str) -> BadRequestError:
+        """A prompt of `tokens` ("300", "at least 300") input tokens that leaves no room in the context."""
+        return cls(
+            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
+            f"{tokens} input tokens. Please reduce the length of the input.",
+            param=param,
+            code="context_length_exceeded",
+        )
+
 
 class AuthenticationError(OpenAIError):
     status_code = 401

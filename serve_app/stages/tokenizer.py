@@ -272,12 +272,7 @@ class TokenizerStage:
         if n == 0:
             raise BadRequestError("The prompt is empty.", param="prompt")
         if n >= self.max_model_len:
-            raise BadRequestError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
-                f"request has {n} input tokens. Please reduce the length of the input.",
-                param=request.prompt_param,
-                code="context_length_exceeded",
-            )
+            raise BadRequestError.context_length_exceeded(self.max_model_len, str(n), request.prompt_param)
         room = self.max_model_len - n
         if request.max_tokens is None:
             return room

@@ -144,13 +144,8 @@ def _check_fits(gate: WorkGate, max_model_len: int, chars: int, exact: int | Non
         counted = "at least "
     else:
         return
-    if fewest >= max_model_len:  # the tokenizer stage's own check and words (`TokenizerStage._check_length`)
-        raise BadRequestError(
-            f"This model's maximum context length is {max_model_len} tokens. However, your request has "
-            f"{counted}{fewest} input tokens. Please reduce the length of the input.",
-            param=param,
-            code="context_length_exceeded",
-        )
+    if fewest >= max_model_len:  # the tokenizer stage's own check (`TokenizerStage._check_length`)
+        raise BadRequestError.context_length_exceeded(max_model_len, f"{counted}{fewest}", param)
 
 
 def budget(args: AppArgs, prompt_tokens: int, max_tokens: int | None) -> int:
