@@ -57,6 +57,13 @@ class EngineConfig(Strict):
         "on one node never share a core while another idles; `auto`: vLLM's own binding (one core kept for "
         "an API server, every engine on the rest); `nobind`; or a core list such as `1` or `0-3,8`.",
     )
+    own_session: bool = Field(
+        default=True,
+        description="Run the engine's processes in a Linux session of their own. With autogroup scheduling (on "
+        "in most distributions) the kernel then shares the CPU between the engine, which spins while it waits "
+        "on itself, and the rest of the graph (ingress, /health, replicas) before it shares it among processes; "
+        "in one session with them the engine starved them (serve_app/stages/engine_session.py).",
+    )
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -26,6 +27,7 @@ from serve_app.errors import (
     ServiceUnavailableError,
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
+from serve_app.stages import engine_session
 from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, omp_threads, resolve_dtype
 from serve_app.stages.engine_watchdog import EngineWatchdog
 
@@ -35,7 +37,7 @@ logger = logging.getLogger("ray.serve")
 # JSON has no -inf; vLLM's OpenAI server uses the same floor.
 _LOGPROB_FLOOR = -9999.0
 # In this process's default registry, which the llm deployment's `metrics_text` serves to `/metrics`.
-_ENGINE_INFO = Info("serve_graph_engine", "The dtype and cores the engine of this llm replica runs with.")
+_ENGINE_INFO = Info("serve_graph_engine", "The dtype, cores and session the engine of this llm replica runs with.")
 
 
 class Engine(Protocol):
@@ -57,11 +59,13 @@ def build_engine(args: AppArgs) -> Engine:
 
     on_cpu = current_platform.is_cpu()
     dtype = resolve_dtype(args.engine.dtype, on_gpu=not on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
-    placement = {"dtype": dtype, "cpu_cores": "-"}
+    placement = {"dtype": dtype, "cpu_cores": "-", "own_session": str(args.engine.own_session).lower()}
+    # The engine's processes inherit this environment; engine_session.detach reads it there.
+    os.environ[engine_session.ENV] = "1" if args.engine.own_session else "0"
     if on_cpu:
         placement["cpu_cores"] = bind_engine_cores(args.engine.cpu_cores, omp_threads())
-    logger.info("engine for %s: dtype %s (asked %s), cores %s", args.model.name, dtype, args.engine.dtype,
-                placement["cpu_cores"])  # fmt: skip
+    logger.info("engine for %s: dtype %s (asked %s), cores %s, own session %s", args.model.name, dtype,
+                args.engine.dtype, placement["cpu_cores"], placement["own_session"])  # fmt: skip
     _ENGINE_INFO.info(placement)
     engine_args = AsyncEngineArgs(
         model=args.model.path,

@@ -18,11 +18,14 @@ from ray._private import state
 from tests.integration.support import APP, TEXT_MODEL, deployment, health_key, stage_health, wait_for
 
 
-def llm_replica_pid() -> int:
+def llm_replica_pids() -> list[int]:
     name = f"ServeReplica:{APP}:{deployment(TEXT_MODEL, 'llm')}"
-    alive = [a for a in state.actors().values() if a["ActorClassName"] == name and a["State"] == "ALIVE"]
-    assert len(alive) == 1
-    return int(alive[0]["Pid"])
+    return [int(a["Pid"]) for a in state.actors().values() if a["ActorClassName"] == name and a["State"] == "ALIVE"]
+
+
+def llm_replica_pid() -> int:
+    (pid,) = llm_replica_pids()
+    return pid
 
 
 def engine_core_pid(replica_pid: int) -> int:
@@ -52,3 +55,22 @@ def test_engine_death_is_reported_and_repaired(graph: str, client: Any) -> None:
                                               max_tokens=2)  # fmt: skip
     assert response.choices[0].message.content is not None
     assert detected_s < 15
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_engine_has_its_own_session_and_ends_with_its_replica(graph: str) -> None:
+    replica = llm_replica_pid()
+    core = engine_core_pid(replica)
+    engine = [core, *(p.pid for p in psutil.Process(core).children(recursive=True))]
+    # serve_app/stages/engine_session.py: one session for the engine core and its workers, not the replica's.
+    assert {os.getsid(pid) for pid in engine} == {core} != {os.getsid(replica)}
+    os.kill(replica, signal.SIGKILL)  # outside its own process group, Ray's cleanup would miss the engine
+    wait_for(lambda: not any(running(pid) for pid in engine), 15, "the engine to end with its replica")
+    wait_for(lambda: llm_replica_pids() not in ([], [replica]), 60, "Serve to start a new llm replica")
+    wait_for(lambda: health_status(graph) == 200, 180, "the new llm replica to be healthy")
