@@ -10,53 +10,65 @@ EPYC, `/health` p99 under load was 0.2-1.5 s (`vllm serve` beside it: 5-15 ms) a
 0.48x `vllm serve`'s requests. With the engine in a session of its own, the kernel gives the rest of
 the graph its share whenever it asks: `/health` p99 41-70 ms, 0.88-0.92x (docs/benchmarks.md, 14).
 
-How: `detach` is a vLLM general plugin (entry point `vllm.general_plugins`, run by every vLLM process
-when it starts). It acts only where the llm stage asked for it (`ENV` in the engine's environment)
-and only in the engine core: the process whose session leader is neither itself nor its parent. The
-workers the engine core starts after that share its session. `setsid` also takes the engine out of
-its replica's process group, and Ray ends a dead replica's children by that group; so the engine core
-watches its parent and ends its own group (itself and its workers) when the replica is gone.
+How: the llm stage puts its own pid in `ENV` before it builds the engine (`request_own_session`).
+`detach` is a vLLM general plugin (entry point `vllm.general_plugins`), which vLLM runs in each process
+it spawns (inside a Ray actor it always spawns; a `VLLM_PLUGINS` allowlist without it turns it off);
+it acts only in a child of that pid, the engine core, which logs that it did.
+The workers the engine core starts after that share its session. `setsid` also takes the engine out of
+its replica's process group, which Ray signals when the replica dies; so the engine core watches its
+replica and, once it is gone, ends its own group as Ray would have: SIGTERM (vLLM's shutdown), then
+SIGKILL after `GRACE_S`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import signal
 import threading
+import time
 
-ENV = "SERVE_GRAPH_ENGINE_OWN_SESSION"
+ENV = "SERVE_GRAPH_ENGINE_SESSION_OF"
+GRACE_S = 2.0
+
+# A child of vLLM's logger: printed, as vLLM's own lines are, in the replica's log.
+logger = logging.getLogger("vllm.serve_graph.engine_session")
 
 
-def wants_own_session(*, pid: int, parent: int, group: int, session: int, asked: bool) -> bool:
-    """Whether this process should start a session: asked, not the replica (a process group leader,
-    which `setsid` refuses), and not a worker of an engine core that already did (its parent leads
-    its session)."""
-    return asked and group != pid and session not in (pid, parent)
+def request_own_session(enabled: bool) -> None:
+    """In the llm replica, before the engine starts: ask (or not) for the engine's own session."""
+    os.environ[ENV] = str(os.getpid()) if enabled else ""
+
+
+def asked_by(value: str | None, parent: int) -> bool:
+    """Whether `parent` asked for this process's own session (`value`: `ENV` here): true only in the
+    replica's direct children, not in the replica itself nor in the engine core's workers."""
+    return value is not None and value == str(parent)
 
 
 def detach() -> None:
     """vLLM general plugin: move the engine core into a session of its own (see the module's doc)."""
-    pid, parent = os.getpid(), os.getppid()
-    if not wants_own_session(pid=pid, parent=parent, group=os.getpgid(0), session=os.getsid(0),
-                             asked=os.environ.get(ENV) == "1"):  # fmt: skip
+    replica = os.getppid()
+    if not asked_by(os.environ.get(ENV), replica):
         return
-    os.setsid()
-    end_with_parent(parent)
-
-
-def end_with_parent(parent: int) -> None:
-    """Kill this process's group once `parent` has exited (at once if it already has)."""
     try:
-        handle = os.pidfd_open(parent)
-    except ProcessLookupError:
-        handle = None
-    if handle is None or os.getppid() != parent:  # gone before or while the handle was opened
-        os.killpg(0, signal.SIGKILL)
+        handle = os.pidfd_open(replica)
+    except OSError as exc:  # no pidfd (old kernel, a sandbox's filter) or the replica already gone
+        logger.warning("engine core %d stays in its replica's session: %s", os.getpid(), exc)
         return
+    if os.getppid() != replica:  # the replica ended before the handle was opened: an engine for no one
+        raise SystemExit(f"replica {replica} ended before its engine core started")
+    os.setsid()
+    threading.Thread(target=_end_with, args=(handle,), name="end-with-replica", daemon=True).start()
+    logger.info("engine core %d in a session of its own; it ends with replica %d", os.getpid(), replica)
 
-    def wait() -> None:
-        select.select([handle], [], [])  # readable when the process exits
-        os.killpg(0, signal.SIGKILL)
 
-    threading.Thread(target=wait, name="end-with-replica", daemon=True).start()
+def _end_with(replica: int) -> None:
+    """Wait for the process behind the pidfd `replica` to exit, then end this process group."""
+    poller = select.poll()
+    poller.register(replica, select.POLLIN)
+    poller.poll()  # readable once the process has exited
+    os.killpg(0, signal.SIGTERM)
+    time.sleep(GRACE_S)
+    os.killpg(0, signal.SIGKILL)

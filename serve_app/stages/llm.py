@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -60,8 +59,7 @@ def build_engine(args: AppArgs) -> Engine:
     on_cpu = current_platform.is_cpu()
     dtype = resolve_dtype(args.engine.dtype, on_gpu=not on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
     placement = {"dtype": dtype, "cpu_cores": "-", "own_session": str(args.engine.own_session).lower()}
-    # The engine's processes inherit this environment; engine_session.detach reads it there.
-    os.environ[engine_session.ENV] = "1" if args.engine.own_session else "0"
+    engine_session.request_own_session(args.engine.own_session)
     if on_cpu:
         placement["cpu_cores"] = bind_engine_cores(args.engine.cpu_cores, omp_threads())
     logger.info("engine for %s: dtype %s (asked %s), cores %s, own session %s", args.model.name, dtype,

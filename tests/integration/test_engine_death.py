@@ -1,4 +1,5 @@
-"""A dead engine turns `/health` red within seconds; Serve replaces the replica and the graph recovers.
+"""A dead engine, or a dead llm replica, turns `/health` red within seconds; Serve replaces the replica and
+the graph recovers. A replica's engine, in a session of its own, ends with it.
 
 It breaks the shared graph, so it waits for Serve to repair it (a new replica that answers) before it
 ends: the tests pytest runs after it (files in name order) find a healthy graph.
@@ -16,6 +17,7 @@ import psutil
 from ray._private import state
 
 from tests.integration.support import APP, TEXT_MODEL, deployment, health_key, stage_health, wait_for
+from tests.processes import running
 
 
 def llm_replica_pids() -> list[int]:
@@ -57,20 +59,16 @@ def test_engine_death_is_reported_and_repaired(graph: str, client: Any) -> None:
     assert detected_s < 15
 
 
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def test_engine_has_its_own_session_and_ends_with_its_replica(graph: str) -> None:
+def test_engine_has_its_own_session_and_ends_with_its_replica(graph: str, client: Any) -> None:
     replica = llm_replica_pid()
     core = engine_core_pid(replica)
     engine = [core, *(p.pid for p in psutil.Process(core).children(recursive=True))]
     # serve_app/stages/engine_session.py: one session for the engine core and its workers, not the replica's.
     assert {os.getsid(pid) for pid in engine} == {core} != {os.getsid(replica)}
-    os.kill(replica, signal.SIGKILL)  # outside its own process group, Ray's cleanup would miss the engine
+    os.kill(replica, signal.SIGKILL)  # outside the replica's process group, Ray's cleanup would miss the engine
     wait_for(lambda: not any(running(pid) for pid in engine), 15, "the engine to end with its replica")
+    wait_for(lambda: health_status(graph) == 503, 15, "/health to report the dead replica")
     wait_for(lambda: llm_replica_pids() not in ([], [replica]), 60, "Serve to start a new llm replica")
     wait_for(lambda: health_status(graph) == 200, 180, "the new llm replica to be healthy")
+    response = client.completions.create(model="tiny-chat", prompt="hi", max_tokens=2)
+    assert response.choices[0].text is not None

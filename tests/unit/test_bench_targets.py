@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from load.bench import targets
+from tests.processes import running
 
 # Answers 200 to GET /health, like a ready model server.
 STAND_IN = """
@@ -53,12 +54,6 @@ def launchers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(targets.LAUNCHERS, "stand-in", stand_in)
     monkeypatch.setitem(targets.LAUNCHERS, "stubborn", stubborn)
     monkeypatch.setitem(targets.LAUNCHERS, "crashing", crashing)
-
-
-def running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie may wait for a reaper that never comes)."""
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def test_started_targets_answer_and_are_stopped(tmp_path: Path) -> None:
