@@ -44,7 +44,7 @@ def request_own_session(enabled: bool) -> None:
 def asked_by(value: str | None, parent: int) -> bool:
     """Whether `parent` asked for this process's own session (`value`: `ENV` here): true only in the
     replica's direct children, not in the replica itself nor in the engine core's workers."""
-    return value is not None and value == str(parent)
+    return value == str(parent)
 
 
 def detach() -> None:

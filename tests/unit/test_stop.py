@@ -63,7 +63,7 @@ def test_shuts_down_at_the_deadline_if_a_drain_never_ends(fake: FakeServe, caplo
 
 
 @contextmanager
-def running(*commands: tuple[list[str], Path]) -> Iterator[list[subprocess.Popen[bytes]]]:
+def started(*commands: tuple[list[str], Path]) -> Iterator[list[subprocess.Popen[bytes]]]:
     """The processes of `commands` ((argv, cwd) each), killed afterwards whatever the test did."""
     processes = [subprocess.Popen(argv, cwd=cwd) for argv, cwd in commands]
     try:
@@ -79,7 +79,7 @@ def test_finds_and_ends_the_serve_run_of_this_checkout_only(tmp_path: Path) -> N
     script.write_text("import time\ntime.sleep(60)\n")
     elsewhere = tmp_path / "other"
     elsewhere.mkdir()
-    with running(
+    with started(
         ([sys.executable, str(script), "run", "configs/cpu-tiny.yaml"], tmp_path),
         ([sys.executable, str(script), "run", "x.yaml"], elsewhere),
     ) as (ours, theirs):
@@ -106,7 +106,7 @@ def test_finds_and_ends_an_haproxy_of_this_environment_that_outlived_ray(tmp_pat
     binary.parent.mkdir(parents=True)
     binary.symlink_to(Path(sys.executable))
     sleep = ["-c", "import time; time.sleep(60)"]
-    with running(([str(binary), *sleep], tmp_path), ([sys.executable, *sleep], tmp_path)) as (ours, theirs):
+    with started(([str(binary), *sleep], tmp_path), ([sys.executable, *sleep], tmp_path)) as (ours, theirs):
         stray = stray_haproxies(binary)
         assert [p.pid for p in stray] == [ours.pid]
         end_processes(stray, timeout_s=10)
