@@ -2,11 +2,18 @@
 
 A unary client method is one line, `name = unary(TheClient.name)`: it calls the deployment's method
 of the same name, with the client Protocol's types.
+
+A stage's health check is a call like any other: it takes one of the deployment's `max_ongoing_requests`
+slots, or waits in its queue behind the very requests it checks on. So a stage whose calls from here
+are making progress (answers, a stream's chunks) counts as alive without one: a busy stage neither
+turns `/health` red by making the check wait past its timeout, nor loses a queue place a request needed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -63,6 +70,24 @@ def _stage_lost(stage: str, exc: BaseException, on_lost: OnStageLost | None) -> 
     )
 
 
+# How recent the progress of a call in flight must be to stand for a health check (see the module's doc).
+PROGRESS_FRESH_S = 1.0
+
+
+class Progress:
+    """The calls to one stage in flight from here, and when one last made progress."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.at = -math.inf
+
+    def made(self) -> None:
+        self.at = time.monotonic()
+
+    def shows_alive(self) -> bool:
+        return self.in_flight > 0 and time.monotonic() - self.at < PROGRESS_FRESH_S
+
+
 class _UnaryHandle:
     """A stage called one request, one response; a full stage becomes a 503 with Retry-After."""
 
@@ -71,25 +96,36 @@ class _UnaryHandle:
     def __init__(self, handle: DeploymentHandle[Any], on_lost: OnStageLost | None = None) -> None:
         self._handle = handle
         self._on_lost = on_lost
+        self.progress = Progress()
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        self.progress.in_flight += 1
         try:
             response = getattr(self._handle, method).remote(*args, **kwargs)
             try:
-                return await response
+                result = await response
             except asyncio.CancelledError:
                 # Left early (the request's deadline): stop the work in the replica too. Serve cancels
                 # a call by itself only when the whole HTTP request is cancelled (client disconnect).
                 response.cancel()
                 raise
+            except Exception as exc:
+                if find_openai_error(exc) is not None:
+                    self.progress.made()  # the stage answered, with a refusal
+                raise
+            self.progress.made()
+            return result
         except BackPressureError as exc:
             raise _overloaded(self.stage, exc) from exc
         except _REPLICA_LOST as exc:
             raise _stage_lost(self.stage, exc, self._on_lost) from exc
+        finally:
+            self.progress.in_flight -= 1
 
     async def check_health(self) -> None:
         # The deployment's `check_health`, the one Serve itself polls: a stage that answers is healthy.
-        await self._call("check_health")
+        if not self.progress.shows_alive():
+            await self._call("check_health")
 
 
 P = ParamSpec("P")
@@ -132,14 +168,17 @@ class HandleLLM:
         self._handle = handle
         self._stream = handle.options(stream=True)
         self._on_lost = on_lost
+        self.progress = Progress()
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        self.progress.in_flight += 1
         try:
             response = self._stream.generate.remote(request)
             # options(stream=True) makes this a generator; Serve's return type is a union.
             assert isinstance(response, DeploymentResponseGenerator)
             try:
                 async for chunk in response:
+                    self.progress.made()
                     yield chunk
             except (GeneratorExit, asyncio.CancelledError):
                 # Left before its end (deadline, a sibling prompt failed): cancel the call in the replica
@@ -157,8 +196,12 @@ class HandleLLM:
             if isinstance(error, EngineDeadError) and self._on_lost is not None:
                 self._on_lost("llm", error.message[:300])
             raise
+        finally:
+            self.progress.in_flight -= 1
 
     async def check_health(self) -> None:
+        if self.progress.shows_alive():
+            return
         try:
             await self._handle.check_health.remote()
         except BackPressureError:

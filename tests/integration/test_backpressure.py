@@ -20,9 +20,11 @@ import pytest
 from tests.integration.support import LIMITS_APP, TEXT_MODEL, deployment, wait_for
 
 # Long enough that it is still generating when the test is done with it, unless aborted.
-LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 3000, "ignore_eos": True}
+LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "ignore_eos": True}
 SHORT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-FAST_S = 0.5
+# A refusal, not a wait for a slot: the LONG generations it meets run for tens of seconds. How fast a
+# refusal is under load is the bench's to measure (load/burst.py); this bound holds on a loaded CI machine.
+FAST_S = 2.0
 
 
 @pytest.fixture()
@@ -80,7 +82,9 @@ def test_a_full_stage_queue_refuses_fast_and_nothing_hangs(limits_url: str, limi
             streams.enter_context(generating(limits_url))
         queued = pool.submit(timed_post, limits_url, SHORT)  # waits in Serve's queue (max_queued_requests 1)
         time.sleep(1.0)
-        assert not queued.done()
+        if queued.done():
+            response, elapsed = queued.result()
+            pytest.fail(f"the queued request ended after {elapsed:.3f} s: {response.status_code} {response.text}")
         response, elapsed = timed_post(limits_url, SHORT)
         error = assert_rejected(response, elapsed)
         assert "llm stage is at capacity" in error["message"]

@@ -235,13 +235,14 @@ def test_zy_vocoder_killed_mid_speech_stream(graph: str) -> None:
 
 def test_zy_engine_killed_mid_stream(graph: str) -> None:
     replica = replica_pid(APP, deployment(TEXT_MODEL, "llm"))
-    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "count"}], "max_tokens": 3000,
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "count"}], "max_tokens": 4000,
             "ignore_eos": True, "stream": True}  # fmt: skip
     with httpx.stream("POST", f"{graph}/v1/chat/completions", json=body, timeout=120) as response:
         assert response.status_code == 200
         events = sse_events(response)
-        for _ in range(3):
-            assert isinstance(next(events), dict)
+        # Killed at once: the whole generation takes seconds on a fast engine, and its output arrives
+        # in few chunks when the ingress reads slower than the engine writes.
+        assert isinstance(next(events), dict)
         os.kill(engine_core_pid(replica), signal.SIGKILL)
         killed_at = time.monotonic()
         error, at = read_until_error(events)

@@ -11,10 +11,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
 
-from serve_app.stages.engine_session import GRACE_S, asked_by
+from serve_app.stages.engine_session import AUTOGROUP_NICE, GRACE_S, asked_by
 from tests.processes import running
 
 
@@ -49,6 +50,11 @@ CORE = "from serve_app.stages.engine_session import detach; import os, signal, s
 REPLICA = "from serve_app.stages.engine_session import request_own_session; import subprocess, sys, time; " \
           f"request_own_session(sys.argv[1] == 'ask'); subprocess.Popen([sys.executable, '-c', {CORE!r}]); " \
           "time.sleep(600)"  # fmt: skip
+
+
+def autogroup(pid: int) -> str:
+    """`/autogroup-<id> nice <n>`: the scheduling group of `pid` and its weight."""
+    return Path(f"/proc/{pid}/autogroup").read_text().strip()
 
 
 class Reports:
@@ -98,6 +104,8 @@ def test_the_engine_gets_a_session_and_ends_with_its_replica() -> None:
         (core, core_session), (worker, worker_session) = reports.seen["core"], reports.seen["worker"]
         assert core_session == core != os.getsid(replica.pid)
         assert worker_session == core  # the worker stays in its engine core's session (one autogroup)
+        assert autogroup(core) == autogroup(worker) != autogroup(replica.pid)
+        assert autogroup(core).endswith(f" nice {AUTOGROUP_NICE}")  # yields to the rest of the graph
         os.kill(replica.pid, signal.SIGKILL)  # no shutdown: as when a replica is killed or crashes
         killed_at = time.monotonic()
         assert reports.wait_for("term", 10)[0] == core  # first vLLM's own shutdown
@@ -110,3 +118,4 @@ def test_the_engine_gets_a_session_and_ends_with_its_replica() -> None:
 def test_unasked_the_engine_stays_in_the_replicas_session() -> None:
     with replica_with_engine(ask=False) as (replica, reports):
         assert reports.seen["core"][1] == reports.seen["worker"][1] == os.getsid(replica.pid)
+        assert autogroup(reports.seen["core"][0]) == autogroup(replica.pid)

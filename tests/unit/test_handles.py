@@ -12,6 +12,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponseGenerator
 
+from deployments import handles
 from deployments.handles import HandleLLM, HandleTokenizer, HandleVocoder
 from deployments.tokenizer import Tokenizer
 from serve_app.config import AppArgs
@@ -191,3 +192,88 @@ async def test_each_handle_method_calls_the_deployment_method_of_its_name(app_ar
     assert await tokenizer.detokenize(tokenized.token_ids) == await replica.detokenize(tokenized.token_ids)
     assert await tokenizer.speech_layout() is None  # a text model
     await tokenizer.check_health()
+
+
+class QueueGenerator(DeploymentResponseGenerator):  # type: ignore[type-arg]
+    """A streaming Serve response that yields what the test puts in `chunks`, and ends at None."""
+
+    def __init__(self) -> None:  # no Serve router behind it
+        self.chunks: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def __anext__(self) -> Any:
+        chunk = await self.chunks.get()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    def cancel(self) -> None:
+        pass
+
+
+class RecordingHandle:
+    """`generate` streams from `stream`; `tokenize` answers when the test resolves its future in `pending`;
+    any other method is recorded in `calls` and answers None."""
+
+    def __init__(self, stream: QueueGenerator | None = None) -> None:
+        self.stream = stream
+        self.pending: list[asyncio.Future[Any]] = []
+        self.calls: list[str] = []
+
+    def options(self, **_: Any) -> RecordingHandle:
+        return self
+
+    def __getattr__(self, method: str) -> Any:
+        return RecordedMethod(self, method)
+
+
+class RecordedMethod:
+    def __init__(self, handle: RecordingHandle, method: str) -> None:
+        self.handle, self.method = handle, method
+
+    def remote(self, *args: Any) -> Any:
+        if self.method == "generate":
+            return self.handle.stream
+        if self.method == "tokenize":
+            self.handle.pending.append(asyncio.get_running_loop().create_future())
+            return self.handle.pending[-1]
+        self.handle.calls.append(self.method)
+        return asyncio.sleep(0)
+
+
+async def test_a_stream_making_progress_stands_for_the_llm_health_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = QueueGenerator()
+    handle = RecordingHandle(stream)
+    llm = HandleLLM(handle)  # type: ignore[arg-type]
+    await llm.check_health()
+    assert handle.calls == ["check_health"]  # nothing in flight: the stage is asked
+    chunks = llm.generate(GenerateRequest("r", [1], SamplingSpec(max_tokens=2)))
+    stream.chunks.put_nowait("chunk")
+    assert await anext(chunks) == "chunk"
+    await llm.check_health()
+    assert handle.calls == ["check_health"]  # a chunk just now: not asked
+    monkeypatch.setattr(handles, "PROGRESS_FRESH_S", 0.0)  # no chunk since: a stalled stream shows nothing
+    await llm.check_health()
+    assert handle.calls == ["check_health"] * 2
+    stream.chunks.put_nowait(None)
+    with pytest.raises(StopAsyncIteration):
+        await anext(chunks)
+    assert llm.progress.in_flight == 0
+
+
+async def test_an_answer_with_calls_still_in_flight_stands_for_the_stage_health_check() -> None:
+    handle = RecordingHandle()
+    tokenizer = HandleTokenizer(handle)  # type: ignore[arg-type]
+    request = TokenizeRequest(TextPrompt("hi"), add_special_tokens=True)
+    first, second = (asyncio.create_task(tokenizer.tokenize(request)) for _ in range(2))
+    await asyncio.sleep(0)
+    await tokenizer.check_health()
+    assert handle.calls == ["check_health"]  # in flight, but no answer yet: the stage is asked
+    handle.pending[0].set_result("tokens")
+    assert await first == "tokens"
+    await tokenizer.check_health()
+    assert handle.calls == ["check_health"]  # answered just now, one still in flight: not asked
+    handle.pending[1].set_exception(OverloadedError("full", code="overloaded", stage="tokenizer", reason="x"))
+    with pytest.raises(OverloadedError):
+        await second
+    await tokenizer.check_health()
+    assert handle.calls == ["check_health"] * 2  # nothing in flight: asked
