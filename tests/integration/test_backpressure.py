@@ -22,8 +22,9 @@ from tests.integration.support import LIMITS_APP, TEXT_MODEL, deployment, wait_f
 # Long enough that it is still generating when the test is done with it, unless aborted.
 LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "ignore_eos": True}
 SHORT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-# A refusal, not a wait for a slot: the LONG generations it meets run for tens of seconds. How fast a
-# refusal is under load is the bench's to measure (load/burst.py); this bound holds on a loaded CI machine.
+# A refusal, not a wait for a slot: the LONG generations it meets run for seconds (8-15 s on the fastest
+# engine measured here). How fast a refusal is under load is the bench's to measure (load/burst.py);
+# this bound holds on a loaded CI machine.
 FAST_S = 2.0
 
 
