@@ -64,6 +64,13 @@ class EngineConfig(Strict):
         "on itself, and the rest of the graph (ingress, /health, replicas) before it shares it among processes; "
         "in one session with them the engine starved them (serve_app/stages/engine_session.py).",
     )
+    spin_wait: bool = Field(
+        default=False,
+        description="Let vLLM's engine core and its worker spin (sched_yield) while they wait for each other, for "
+        "up to a second per wait, as vLLM does. False: they nap 50 us between checks instead, which frees about "
+        "half a core while generating and most of one while starting, at ~2 % of one sequence's decode speed "
+        "(serve_app/stages/engine_session.py). Spinning pays where cores are plentiful.",
+    )
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."
     )

@@ -60,6 +60,7 @@ def build_engine(args: AppArgs) -> Engine:
     dtype = resolve_dtype(args.engine.dtype, on_gpu=not on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
     placement = {"dtype": dtype, "cpu_cores": "-", "own_session": str(args.engine.own_session).lower()}
     engine_session.request_own_session(args.engine.own_session)
+    engine_session.request_naps(not args.engine.spin_wait)
     if on_cpu:
         placement["cpu_cores"] = bind_engine_cores(args.engine.cpu_cores, omp_threads())
     logger.info("engine for %s: dtype %s (asked %s), cores %s, own session %s", args.model.name, dtype,

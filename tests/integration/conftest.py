@@ -19,7 +19,7 @@ import pytest
 from deployments.stop import remove_orphaned_engine_files, shm_files
 from load.graph_launcher import use_free_serve_ports
 from tests.integration.support import (
-    APP,
+    LIMITS_APP,
     LIMITS_PREFIX,
     NODES,
     PORT,
@@ -151,16 +151,19 @@ def limits_url(graph: str) -> str:
     return graph + LIMITS_PREFIX
 
 
+@pytest.fixture()
+def limits_llm(limits_url: str) -> Any:
+    """The limits-app's llm deployment, once its engine has no request left from an earlier test."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(deployment(TEXT_MODEL, "llm"), app_name=LIMITS_APP)
+    wait_for(lambda: handle.num_unfinished_requests.remote().result() == 0, 30, "a free limits-app engine")
+    return handle
+
+
 @pytest.fixture(scope="session")
 def reference_tokenizer(tiny_model: Path) -> Any:
     """The model's tokenizer in this process, to compute the token counts the graph must report."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(tiny_model))
-
-
-@pytest.fixture()
-def llm_handle(graph: str) -> Any:
-    from ray import serve
-
-    return serve.get_deployment_handle(deployment(TEXT_MODEL, "llm"), app_name=APP)

@@ -28,6 +28,11 @@ WATCHDOG_TIMEOUT_S = 8.0
 # engine (backpressure, disconnect and deadline tests) and its tokenizer autoscales within seconds.
 LIMITS_APP = "limits-app"
 LIMITS_PREFIX = "/limits"
+# The limits-app's context: the tiny model's whole 32768 positions, so that a generation a test holds open
+# is still running when the test is done with it on any engine (30,000 tokens: a minute at the fastest
+# single-sequence decode measured here, ~500 tokens/s), unless aborted.
+LIMITS_MAX_MODEL_LEN = 32768
+LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 30000, "ignore_eos": True}
 # The session's Ray cluster simulates three node types on this machine, each advertising one custom
 # resource, and the test config pins every stage to one of them as a real cluster's YAML would (the
 # engines would ask for `num_gpus` there; a GPU cannot be simulated here).
@@ -84,6 +89,7 @@ def limits_app(graph_app: dict[str, Any]) -> dict[str, Any]:
     app["name"], app["route_prefix"] = LIMITS_APP, LIMITS_PREFIX
     text = next(m for m in app["args"]["models"] if m["model"]["served_model_name"] == TEXT_MODEL)
     app["args"]["models"] = [text]
+    text["model"]["max_model_len"] = LIMITS_MAX_MODEL_LEN
     text["engine"]["max_num_seqs"] = 2
     # No engine waiting queue: a third sequence is refused by the llm stage (engine_queue_full).
     text["engine"]["max_waiting_requests"] = 0

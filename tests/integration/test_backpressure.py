@@ -17,24 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.support import LIMITS_APP, TEXT_MODEL, deployment, wait_for
+from tests.integration.support import LONG, wait_for
 
-# Long enough that it is still generating when the test is done with it, unless aborted.
-LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 4000, "ignore_eos": True}
 SHORT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-# A refusal, not a wait for a slot: the LONG generations it meets run for seconds (8-15 s on the fastest
-# engine measured here). How fast a refusal is under load is the bench's to measure (load/burst.py);
-# this bound holds on a loaded CI machine.
+# A refusal, not a wait for a slot: the LONG generations it meets run for a minute or more. How fast a
+# refusal is under load is the bench's to measure (load/burst.py); this bound holds on a loaded CI machine.
 FAST_S = 2.0
-
-
-@pytest.fixture()
-def limits_llm(limits_url: str) -> Any:
-    from ray import serve
-
-    handle = serve.get_deployment_handle(deployment(TEXT_MODEL, "llm"), app_name=LIMITS_APP)
-    wait_for(lambda: handle.num_unfinished_requests.remote().result() == 0, 30, "a free limits-app engine")
-    return handle
 
 
 @contextmanager
