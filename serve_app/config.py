@@ -65,11 +65,11 @@ class EngineConfig(Strict):
         "in one session with them the engine starved them (serve_app/stages/engine_session.py).",
     )
     spin_wait: bool = Field(
-        default=False,
+        default=True,
         description="Let vLLM's engine core and its worker spin (sched_yield) while they wait for each other, for "
         "up to a second per wait, as vLLM does. False: they nap 50 us between checks instead, which frees about "
-        "half a core while generating and most of one while starting, at ~2 % of one sequence's decode speed "
-        "(serve_app/stages/engine_session.py). Spinning pays where cores are plentiful.",
+        "half a core while generating, at a cost in throughput where the graph shares the cores: `make serve` "
+        "served 34 / 12 / 7 % fewer requests at concurrency 1 / 8 / 32 (docs/benchmarks.md, section 19).",
     )
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."

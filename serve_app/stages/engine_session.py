@@ -19,14 +19,15 @@ same stream arrived in ~900 chunks from 0.05 s on, in 13-15 s (one session with 
 Within the session the engine's two processes still wait for each other by spinning: vLLM's shared-memory
 queue (`SpinCondition.wait`) yields and retries for up to a second after each message before it sleeps on a
 socket, so the engine core spins while its worker computes a step and the worker while the core schedules.
-On two cores that spin is a core the graph does not get. `nap_between_checks` (a second vLLM general plugin,
-on unless `engine.spin_wait`) makes those waits sleep 50 us between checks instead, with the timer slack at
-1 us so that a nap is 50 us and not the kernel's default 50 us more. Measured with `python -m load.ceiling`
-(the tiny text model, bfloat16, AVX-512 AMD): one sequence 473 against 485 tokens/s; 32 at a time 87 against
-79 requests/s (the spin also took CPU from the step it waited for); the whole run's CPU 36 against 42 s and
-13 against 28 s (model loading and profiling spin for a second after every message). Sleeping on vLLM's
-notification socket alone instead hung: the notification can be dropped (its queue holds one), and vLLM
-relies on the spin to not wait for it.
+With `engine.spin_wait: false`, `nap_between_checks` (a second vLLM general plugin) makes those waits sleep
+50 us between checks instead, with the timer slack at 1 us so that a nap is 50 us and not the kernel's
+default 50 us more. Offline it costs little and frees CPU (`python -m load.ceiling`, the tiny text model,
+bfloat16, AVX-512 AMD: one sequence 473 against 485 tokens/s, 32 at a time 87 against 79 requests/s, the
+run's CPU 36 against 42 s). In `make serve` it cost throughput (34 / 12 / 7 % at concurrency 1 / 8 / 32):
+a napping engine at nice 5 waits for the graph's processes to give up a core at every wakeup, where a
+spinning one already holds it. Hence spinning stays the default. Sleeping on vLLM's notification socket
+alone instead of napping hung: the notification can be dropped (its queue holds one), and vLLM relies on
+the spin not to wait for it.
 
 How: the llm stage puts its own pid in `ENV` before it builds the engine (`request_own_session`).
 `detach` is a vLLM general plugin (entry point `vllm.general_plugins`), which vLLM runs in each process
@@ -68,7 +69,8 @@ def request_own_session(enabled: bool) -> None:
 
 
 def request_naps(enabled: bool) -> None:
-    """In the llm replica, before the engine starts: ask (or not) its processes to nap, not spin, in waits."""
+    """In the llm replica, before the engine starts: ask (or not) its processes to nap, not spin, in waits
+    (`engine.spin_wait: false`)."""
     os.environ[NAP_ENV] = "1" if enabled else ""
 
 
