@@ -7,6 +7,10 @@ A stage's health check is a call like any other: it takes one of the deployment'
 slots, or waits in its queue behind the very requests it checks on. So a stage whose calls from here
 are making progress (answers, a stream's chunks) counts as alive without one: a busy stage neither
 turns `/health` red by making the check wait past its timeout, nor loses a queue place a request needed.
+For the llm stage any stream in flight from here stands for the check, making progress or not: a client
+that reads slowly stalls its stream with nothing wrong in the stage, and each stream fails, reporting the
+stage lost, when its replica dies or its engine dies or hangs (the llm stage's watchdog). A replica whose
+own event loop hangs with streams in flight is then left to Serve's health checks of its replicas.
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ def _stage_lost(stage: str, exc: BaseException, on_lost: OnStageLost | None) -> 
     )
 
 
+# How long a scrape of the llm stage's metrics waits for a slot before it answers from the last one.
+METRICS_WAIT_S = 1.0
 # How recent the progress of a call in flight must be to stand for a health check (see the module's doc).
 PROGRESS_FRESH_S = 1.0
 
@@ -169,6 +175,7 @@ class HandleLLM:
         self._stream = handle.options(stream=True)
         self._on_lost = on_lost
         self.progress = Progress()
+        self._metrics = "", -math.inf
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         self.progress.in_flight += 1
@@ -178,7 +185,6 @@ class HandleLLM:
             assert isinstance(response, DeploymentResponseGenerator)
             try:
                 async for chunk in response:
-                    self.progress.made()
                     yield chunk
             except (GeneratorExit, asyncio.CancelledError):
                 # Left before its end (deadline, a sibling prompt failed): cancel the call in the replica
@@ -200,7 +206,7 @@ class HandleLLM:
             self.progress.in_flight -= 1
 
     async def check_health(self) -> None:
-        if self.progress.shows_alive():
+        if self.progress.in_flight:
             return
         try:
             await self._handle.check_health.remote()
@@ -210,4 +216,18 @@ class HandleLLM:
             return
 
     async def metrics_text(self) -> str:
-        return str(await self._handle.metrics_text.remote())
+        """The engine's metrics; from the last call that got through when the stage is at capacity. Like a
+        health check, the call takes a slot or a queue place: it waits at most `METRICS_WAIT_S` for one (and
+        is then cancelled), so a scrape neither waits for a generation to end nor holds a request's place."""
+        response = self._handle.metrics_text.remote()
+        try:
+            self._metrics = str(await asyncio.wait_for(_result(response), METRICS_WAIT_S)), time.monotonic()
+        except (TimeoutError, BackPressureError):
+            response.cancel()  # type: ignore[no-untyped-call]
+            text, at = self._metrics
+            return f"# llm stage at capacity: its metrics as of {time.monotonic() - at:.1f} s ago\n{text}"
+        return self._metrics[0]
+
+
+async def _result(response: Any) -> Any:
+    return await response

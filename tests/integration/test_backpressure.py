@@ -70,7 +70,9 @@ def test_a_full_stage_queue_refuses_fast_and_nothing_hangs(limits_url: str, limi
         for _ in range(2):  # the llm deployment's max_ongoing_requests
             streams.enter_context(generating(limits_url))
         queued = pool.submit(timed_post, limits_url, SHORT)  # waits in Serve's queue (max_queued_requests 1)
-        time.sleep(1.0)
+        # Time to pass the tokenizer stage and reach Serve's queue. Nothing marks that without taking a place
+        # in the queue itself (a /metrics scrape asks the llm stage; so would a handle call from here).
+        time.sleep(2.0)
         if queued.done():
             response, elapsed = queued.result()
             pytest.fail(f"the queued request ended after {elapsed:.3f} s: {response.status_code} {response.text}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Generator
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -240,7 +242,7 @@ class RecordedMethod:
         return asyncio.sleep(0)
 
 
-async def test_a_stream_making_progress_stands_for_the_llm_health_check(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_stream_in_flight_stands_for_the_llm_health_check() -> None:
     stream = QueueGenerator()
     handle = RecordingHandle(stream)
     llm = HandleLLM(handle)  # type: ignore[arg-type]
@@ -250,13 +252,12 @@ async def test_a_stream_making_progress_stands_for_the_llm_health_check(monkeypa
     stream.chunks.put_nowait("chunk")
     assert await anext(chunks) == "chunk"
     await llm.check_health()
-    assert handle.calls == ["check_health"]  # a chunk just now: not asked
-    monkeypatch.setattr(handles, "PROGRESS_FRESH_S", 0.0)  # no chunk since: a stalled stream shows nothing
-    await llm.check_health()
-    assert handle.calls == ["check_health"] * 2
+    assert handle.calls == ["check_health"]  # a stream in flight, stalled or not: not asked
     stream.chunks.put_nowait(None)
     with pytest.raises(StopAsyncIteration):
         await anext(chunks)
+    await llm.check_health()
+    assert handle.calls == ["check_health"] * 2  # nothing in flight again: asked
     assert llm.progress.in_flight == 0
 
 
@@ -277,3 +278,31 @@ async def test_an_answer_with_calls_still_in_flight_stands_for_the_stage_health_
         await second
     await tokenizer.check_health()
     assert handle.calls == ["check_health"] * 2  # nothing in flight: asked
+
+
+class PendingResponse:
+    """A DeploymentResponse that answers when the test says so, and records its cancellation."""
+
+    def __init__(self) -> None:
+        self.future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.cancelled = False
+
+    def __await__(self) -> Generator[Any, None, str]:
+        return self.future.__await__()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+async def test_a_metrics_scrape_does_not_wait_for_a_slot_of_a_full_llm_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handles, "METRICS_WAIT_S", 0.01)
+    responses = [PendingResponse()]
+    handle = SimpleNamespace(options=lambda **_: handle, metrics_text=SimpleNamespace(remote=lambda: responses[-1]))
+    llm = HandleLLM(handle)  # type: ignore[arg-type]
+    responses[0].future.set_result("vllm:num_requests_running 2.0\n")
+    assert await llm.metrics_text() == "vllm:num_requests_running 2.0\n"
+    responses.append(PendingResponse())  # every slot taken: the call would wait for a generation to end
+    text = await llm.metrics_text()
+    assert text.startswith("# llm stage at capacity: its metrics as of ")
+    assert text.endswith(" s ago\nvllm:num_requests_running 2.0\n")
+    assert responses[1].cancelled  # the place it took is given back
