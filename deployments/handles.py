@@ -225,6 +225,8 @@ class HandleLLM:
         except (TimeoutError, BackPressureError):
             response.cancel()  # type: ignore[no-untyped-call]
             text, at = self._metrics
+            if not text:
+                return "# llm stage at capacity: no metrics from it yet\n"
             return f"# llm stage at capacity: its metrics as of {time.monotonic() - at:.1f} s ago\n{text}"
         return self._metrics[0]
 

@@ -299,10 +299,12 @@ async def test_a_metrics_scrape_does_not_wait_for_a_slot_of_a_full_llm_stage(mon
     responses = [PendingResponse()]
     handle = SimpleNamespace(options=lambda **_: handle, metrics_text=SimpleNamespace(remote=lambda: responses[-1]))
     llm = HandleLLM(handle)  # type: ignore[arg-type]
-    responses[0].future.set_result("vllm:num_requests_running 2.0\n")
+    assert await llm.metrics_text() == "# llm stage at capacity: no metrics from it yet\n"
+    responses.append(PendingResponse())
+    responses[1].future.set_result("vllm:num_requests_running 2.0\n")
     assert await llm.metrics_text() == "vllm:num_requests_running 2.0\n"
     responses.append(PendingResponse())  # every slot taken: the call would wait for a generation to end
     text = await llm.metrics_text()
     assert text.startswith("# llm stage at capacity: its metrics as of ")
     assert text.endswith(" s ago\nvllm:num_requests_running 2.0\n")
-    assert responses[1].cancelled  # the place it took is given back
+    assert responses[0].cancelled and responses[2].cancelled  # the places they took are given back
