@@ -174,11 +174,11 @@ class HandleLLM:
         self._handle = handle
         self._stream = handle.options(stream=True)
         self._on_lost = on_lost
-        self.progress = Progress()
+        self.in_flight = 0  # streams from here: any one stands for a health check (the module's doc)
         self._metrics = "", -math.inf
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
-        self.progress.in_flight += 1
+        self.in_flight += 1
         try:
             response = self._stream.generate.remote(request)
             # options(stream=True) makes this a generator; Serve's return type is a union.
@@ -203,10 +203,10 @@ class HandleLLM:
                 self._on_lost("llm", error.message[:300])
             raise
         finally:
-            self.progress.in_flight -= 1
+            self.in_flight -= 1
 
     async def check_health(self) -> None:
-        if self.progress.in_flight:
+        if self.in_flight:
             return
         try:
             await self._handle.check_health.remote()
@@ -221,7 +221,7 @@ class HandleLLM:
         is then cancelled), so a scrape neither waits for a generation to end nor holds a request's place."""
         response = self._handle.metrics_text.remote()
         try:
-            self._metrics = str(await asyncio.wait_for(_result(response), METRICS_WAIT_S)), time.monotonic()
+            self._metrics = str(await asyncio.wait_for(response, METRICS_WAIT_S)), time.monotonic()
         except (TimeoutError, BackPressureError):
             response.cancel()  # type: ignore[no-untyped-call]
             text, at = self._metrics
@@ -229,7 +229,3 @@ class HandleLLM:
                 return "# llm stage at capacity: no metrics from it yet\n"
             return f"# llm stage at capacity: its metrics as of {time.monotonic() - at:.1f} s ago\n{text}"
         return self._metrics[0]
-
-
-async def _result(response: Any) -> Any:
-    return await response

@@ -89,7 +89,7 @@ def nap_between_checks() -> None:
         else:  # idle for a second: vLLM's own wait on its notification socket
             spin_or_sleep(self, timeout_ms)
 
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0)
+    ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, TIMER_SLACK_NS, 0, 0, 0)
     shm_broadcast.SpinCondition.wait = wait  # type: ignore[method-assign]
     logger.info("engine process %d naps between checks of its queues", os.getpid())
 

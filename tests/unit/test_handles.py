@@ -258,7 +258,7 @@ async def test_a_stream_in_flight_stands_for_the_llm_health_check() -> None:
         await anext(chunks)
     await llm.check_health()
     assert handle.calls == ["check_health"] * 2  # nothing in flight again: asked
-    assert llm.progress.in_flight == 0
+    assert llm.in_flight == 0
 
 
 async def test_an_answer_with_calls_still_in_flight_stands_for_the_stage_health_check() -> None:
