@@ -64,12 +64,13 @@ class EngineConfig(Strict):
         "on itself, and the rest of the graph (ingress, /health, replicas) before it shares it among processes; "
         "in one session with them the engine starved them (serve_app/stages/engine_session.py).",
     )
-    spin_wait: bool = Field(
-        default=True,
-        description="Let vLLM's engine core and its worker spin (sched_yield) while they wait for each other, for "
-        "up to a second per wait, as vLLM does. False: they nap 50 us between checks instead, which frees about "
-        "half a core while generating, at a cost in throughput where the graph shares the cores: `make serve` "
-        "served 34 / 12 / 7 % fewer requests at concurrency 1 / 8 / 32 (docs/benchmarks.md, section 19).",
+    executor_backend: Literal["uni", "mp"] = Field(
+        default="uni",
+        description="CPU engines only: where the engine runs its model. `uni`: in the engine core's own "
+        "process. `mp`: in a worker process of its own, as vLLM's CPU platform always does (`vllm serve` on a "
+        "CPU cannot be told otherwise); the two processes spin while each waits for the other, ~1.6 cores "
+        "under any load, where `uni` keeps ~0.8 busy and serves more (docs/benchmarks.md, section 19, `uni`). "
+        "An engine of several workers (`tensor_parallel_size` > 1) always runs them in processes of their own.",
     )
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."

@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from contextlib import aclosing, contextmanager, nullcontext
 from typing import Any, Protocol
 
 from prometheus_client import Info
@@ -36,7 +36,9 @@ logger = logging.getLogger("ray.serve")
 # JSON has no -inf; vLLM's OpenAI server uses the same floor.
 _LOGPROB_FLOOR = -9999.0
 # In this process's default registry, which the llm deployment's `metrics_text` serves to `/metrics`.
-_ENGINE_INFO = Info("serve_graph_engine", "The dtype, cores and session the engine of this llm replica runs with.")
+_ENGINE_INFO = Info(
+    "serve_graph_engine", "The dtype, cores, session and executor the engine of this llm replica runs with."
+)
 
 
 class Engine(Protocol):
@@ -60,12 +62,8 @@ def build_engine(args: AppArgs) -> Engine:
     dtype = resolve_dtype(args.engine.dtype, on_gpu=not on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
     placement = {"dtype": dtype, "cpu_cores": "-", "own_session": str(args.engine.own_session).lower()}
     engine_session.request_own_session(args.engine.own_session)
-    engine_session.request_naps(not args.engine.spin_wait)
     if on_cpu:
         placement["cpu_cores"] = bind_engine_cores(args.engine.cpu_cores, omp_threads())
-    logger.info("engine for %s: dtype %s (asked %s), cores %s, own session %s", args.model.name, dtype,
-                args.engine.dtype, placement["cpu_cores"], placement["own_session"])  # fmt: skip
-    _ENGINE_INFO.info(placement)
     engine_args = AsyncEngineArgs(
         model=args.model.path,
         tokenizer=args.model.tokenizer_path,
@@ -87,8 +85,30 @@ def build_engine(args: AppArgs) -> Engine:
     if args.multimodal is not None:
         # The multimodal stage enforces the same bound first, with a 400 that names it.
         engine_args.limit_mm_per_prompt = {"image": args.multimodal.max_images_per_request}
-    engine: Engine = AsyncLLM.from_engine_args(engine_args)
+    vllm_config = engine_args.create_engine_config()
+    uni = on_cpu and args.engine.executor_backend == "uni" and vllm_config.parallel_config.world_size == 1
+    placement["executor"] = "uni" if uni else str(vllm_config.parallel_config.distributed_executor_backend)
+    logger.info("engine for %s: dtype %s (asked %s), cores %s, own session %s, executor %s", args.model.name, dtype,
+                args.engine.dtype, *(placement[k] for k in ("cpu_cores", "own_session", "executor")))  # fmt: skip
+    _ENGINE_INFO.info(placement)
+    with _worker_in_engine_core(vllm_config) if uni else nullcontext():
+        engine: Engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=not args.engine.log_stats)
     return engine
+
+
+@contextmanager
+def _worker_in_engine_core(vllm_config: Any) -> Iterator[None]:
+    """Let the engine core run its model worker itself (`uni`) on a CPU. vLLM's CPU platform always
+    starts the worker in a process of its own (`mp`): OpenMP takes its thread count and binding from the
+    environment of the process it starts in, and only the `mp` executor sets it. Here the replica sets
+    the same variables (vLLM's own `OMPProcessManager`) while the engine core process starts: one
+    process per engine instead of two that spin waiting on each other (docs/benchmarks.md, section 19,
+    the `uni` run)."""
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
+
+    vllm_config.parallel_config.distributed_executor_backend = "uni"
+    with OMPProcessManager(vllm_config).configure_omp_envs(rank=0, local_rank=0):
+        yield
 
 
 def _client_errors() -> tuple[type[Exception], ...]:
