@@ -6,8 +6,10 @@ args, with the env vars the config gives its llm deployment) and driven through 
 the code a graph's llm replica runs. The workload is the bench's text scenario: `--requests` prompts of
 `--input-len` random single-token words, turned into token ids here by the model's tokenizer (special
 tokens added, as `/v1/completions` adds them), each asking for exactly `--output-len` tokens (greedy,
-`ignore_eos`), all submitted at once or `--concurrency` at a time.
+or with `--sampling speech` as a speech model samples its audio codes; `ignore_eos`), all submitted at
+once or `--concurrency` at a time.
 `python -m load.ceiling --app tiny-chat --out results/ceiling.json` (256 x 256 in / 32 out)
+`python -m load.ceiling --app tiny-orpheus --sampling speech --requests 4 --concurrency 2 --output-len 300`
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from load.bench.datasets import TEXT_INPUT_LEN, positive_int
 from load.offline import word_dataset, write_result
 from load.serve_config import load_in_process
+from serve_app.config import AppArgs
 from serve_app.messages import GenerateRequest, SamplingSpec
 from serve_app.stages.llm import LLMStage, build_engine
 from serve_app.stages.tokenizer import load_hf_tokenizer
@@ -38,15 +41,29 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-len", type=positive_int, default=32)
     parser.add_argument("--concurrency", type=positive_int, default=None, help="requests in flight (default: all)")
     parser.add_argument("--warmup", type=int, default=4, help="unmeasured requests before the run")
+    parser.add_argument(
+        "--sampling", choices=("greedy", "speech"), default="greedy",
+        help="greedy, or a speech model's own `tts:` sampling (temperature, top_p, repetition_penalty)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--label", default="", help="what is special about this run, shown in the report")
     parser.add_argument("--out", default=None, help="result JSON file")
     return parser.parse_args(argv)
 
 
-async def drive(stage: LLMStage, prompts: Sequence[list[int]], output_len: int, concurrency: int) -> list[int]:
+def sampling(args: AppArgs, how: str, output_len: int) -> SamplingSpec:
+    """Exactly `output_len` tokens per request, sampled greedily or as the model's speech is."""
+    if how == "greedy":
+        return SamplingSpec(max_tokens=output_len, temperature=0.0, ignore_eos=True)
+    if args.tts is None:
+        raise SystemExit(f"--sampling speech: {args.model.name} has no `tts:` settings")
+    tts = args.tts
+    return SamplingSpec(max_tokens=output_len, temperature=tts.temperature, top_p=tts.top_p,
+                        repetition_penalty=tts.repetition_penalty, ignore_eos=True)  # fmt: skip
+
+
+async def drive(stage: LLMStage, prompts: Sequence[list[int]], spec: SamplingSpec, concurrency: int) -> list[int]:
     """Every prompt through the engine, at most `concurrency` in flight; the output tokens of each."""
-    spec = SamplingSpec(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     gate = asyncio.Semaphore(concurrency)
 
     async def one(token_ids: list[int]) -> int:
@@ -74,6 +91,7 @@ def build_result(
         "input_len": opts.input_len,
         "prompt_tokens": prompt_tokens,
         "output_len": opts.output_len,
+        "sampling": opts.sampling,
         "duration_s": duration_s,
         "output_tokens": output_tokens,
         "request_throughput": opts.requests / duration_s,
@@ -90,12 +108,13 @@ async def measure(opts: argparse.Namespace) -> dict[str, Any]:
         list(tokenizer.encode(dataset.prompt(i).text, add_special_tokens=True))
         for i in range(opts.requests + opts.warmup)
     ]
+    spec = sampling(args, opts.sampling, opts.output_len)
     stage = LLMStage(build_engine(args))
     try:
         if opts.warmup:
-            await drive(stage, prompts[opts.requests :], opts.output_len, opts.warmup)
+            await drive(stage, prompts[opts.requests :], spec, opts.warmup)
         start = time.perf_counter()
-        generated = await drive(stage, prompts[: opts.requests], opts.output_len, opts.concurrency or opts.requests)
+        generated = await drive(stage, prompts[: opts.requests], spec, opts.concurrency or opts.requests)
         duration = time.perf_counter() - start
     finally:
         stage.shutdown()

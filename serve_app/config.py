@@ -245,7 +245,14 @@ class TtsConfig(Strict):
     first_chunk_frames: int = Field(
         default=2, ge=1, le=64, description="Codec frames in the first audio chunk: small, for time to first audio."
     )
-    chunk_frames: int = Field(default=8, ge=1, le=256, description="Codec frames in each later audio chunk.")
+    chunk_frames: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="The most codec frames in a later audio chunk. Chunks grow from `first_chunk_frames` to this, "
+        "each at most half the audio sent before it, so that a player that starts at the first chunk is not "
+        "left waiting by a talker faster than real time.",
+    )
     context_frames: int = Field(
         default=2, ge=0, le=16, description="Frames decoded again before each chunk, so chunks join without clicks."
     )

@@ -13,7 +13,7 @@ import pytest
 
 from load import ceiling
 from load.offline import word_dataset, write_result
-from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk
+from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec
 from tests.unit.conftest import MODEL_NAME
 
 
@@ -51,7 +51,8 @@ def test_prompts_are_input_len_tokens(hf_tokenizer: Any) -> None:
 
 async def test_drive_caps_requests_in_flight() -> None:
     stage = SlowStage()
-    generated = await ceiling.drive(stage, [[1, 2, 3]] * 10, output_len=5, concurrency=3)  # type: ignore[arg-type]
+    spec = SamplingSpec(max_tokens=5, temperature=0.0, ignore_eos=True)
+    generated = await ceiling.drive(stage, [[1, 2, 3]] * 10, spec, concurrency=3)  # type: ignore[arg-type]
     assert generated == [5] * 10
     assert stage.most_in_flight == 3
 

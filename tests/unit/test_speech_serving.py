@@ -9,7 +9,6 @@ a fake vocoder whose audio encodes which frames it was given (so order and conte
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import Any
 
@@ -60,7 +59,7 @@ def test_chunks_carry_context_and_respect_the_credits(speech_client: TestClient,
     assert speech_client.post(SPEECH, json=body(response_format="pcm", stream=True)).status_code == 200
     first, second = vocoder.requests[:2]
     assert (len(first.frames), first.context) == (2, 0)  # small first chunk, nothing before it
-    assert (len(second.frames), second.context) == (1 + 3, 1)
+    assert (len(second.frames), second.context) == (1 + 2, 1)  # half the audio sent, at least the first's 2
     assert second.frames[0] == first.frames[-1]
     assert vocoder.most_in_flight <= TTS["max_chunks_in_flight"]
 
@@ -256,18 +255,23 @@ async def test_a_slow_client_holds_back_only_its_own_stream(
     fast = (await create_speech(speech_services, request)).body_iterator
     chunks = [chunk async for chunk in fast]  # type: ignore[attr-defined]
     assert len(b"".join(chunks)) == FRAMES * SAMPLES * 2  # the other stream got all its audio
-    # ... in 1 + ceil((21 - 2) / 3) calls, while the stalled stream made none.
-    assert len(vocoder.requests) == calls_while_stalled + 1 + math.ceil((FRAMES - 2) / 3)
+    # ... in as many calls as chunks of 2, 2, 2, 3, 3, ... frames, while the stalled stream made none.
+    assert len(vocoder.requests) == calls_while_stalled + len(GROWING_CHUNKS)
     await slow.aclose()  # type: ignore[attr-defined]
 
 
-def test_without_context_later_chunks_still_have_chunk_frames(
+# first_chunk_frames 2, chunk_frames 3: each chunk at most half the frames sent before it, at least 2.
+GROWING_CHUNKS = [2, 2, 2, 3, 3, 3, 3, 3]
+assert sum(GROWING_CHUNKS) == FRAMES
+
+
+def test_chunks_grow_to_chunk_frames_by_half_the_audio_sent(
     speech_args: Any, speech_tokenizer: TokenizerStage, talker: FakeTalker, vocoder: FakeVocoder
 ) -> None:
     client = speech_app_client(speech_args, speech_tokenizer, talker, vocoder, context_frames=0)
     assert client.post(SPEECH, json=body(response_format="pcm")).status_code == 200
-    sizes = [len(r.frames) for r in vocoder.requests]
-    assert sizes[:3] == [2, 3, 3] and all(r.context == 0 for r in vocoder.requests)
+    assert [len(r.frames) for r in vocoder.requests] == GROWING_CHUNKS
+    assert all(r.context == 0 for r in vocoder.requests)
 
 
 async def test_a_refused_stream_is_counted_as_max_streams(speech_services: Services, speech_client: TestClient) -> None:
