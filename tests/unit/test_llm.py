@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,7 +27,7 @@ from serve_app.errors import (
     ServiceUnavailableError,
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
-from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
+from serve_app.stages.llm import LLMStage, _worker_in_engine_core, to_chunk, to_sampling_params
 from serve_app.stages.local import LocalLLM
 
 
@@ -353,3 +355,19 @@ async def test_a_request_past_its_deadline_never_reaches_the_engine() -> None:
     assert engine.calls == []
     on_time = GenerateRequest("req-2", [1, 2, 3], SamplingSpec(max_tokens=8), deadline=time.time() + 60)
     assert len(await collect(LLMStage(engine), on_time)) == 1
+
+
+def test_a_uni_engine_core_starts_with_the_omp_environment_vllms_worker_would_get(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")  # what `engine.cpu_cores` chose
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    parallel = SimpleNamespace(distributed_executor_backend="mp", local_world_size=1, data_parallel_rank_local=0,
+                               _api_process_count=1)  # fmt: skip
+    config = SimpleNamespace(parallel_config=parallel, kv_transfer_config=None)  # the parts vLLM's manager reads
+    with _worker_in_engine_core(config):
+        # What the engine core process, started here, inherits: one OpenMP thread, bound to core 1.
+        assert parallel.distributed_executor_backend == "uni"
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+        assert "1" in (os.environ.get("GOMP_CPU_AFFINITY", "") + os.environ.get("OMP_PLACES", ""))
+    assert "OMP_NUM_THREADS" not in os.environ  # the replica's own environment is given back
