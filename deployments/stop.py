@@ -2,15 +2,16 @@
 
 `serve shutdown` only asks the controller to delete the applications and returns at once, so the
 `ray stop` after it used to kill replicas mid-drain: open streams were cut, and each killed vLLM
-engine left its shared-memory files in /dev/shm (measured: 9 for the default config's three engines).
+engine left its shared-memory files in /dev/shm (measured: 9 for the default config's three engines,
+each with a worker process then: `engine.executor_backend: mp`).
 Here the `ray stop` waits until every application is gone, each deployment having drained within its
 `graceful_shutdown_timeout_s` (docs/reliability.md has what is measured after the change).
 
 Then it ends what else `make serve` started: the foreground `serve run` of this checkout (it would
 otherwise run on, attached to a dead cluster), and, after `ray stop`, an HAProxy that outlived Ray
 (`stray_haproxies`), and the vLLM shared-memory files
-of engines that did not get to unlink them (a worker past vLLM's own exit grace is SIGKILLed: 160
-MiB each). Only files that did not exist when `make serve` started Ray (`SHM_BASELINE`) and that no
+of engines that did not get to unlink them (with `mp`, a worker past vLLM's own exit grace is
+SIGKILLed: 160 MiB each). Only files that did not exist when `make serve` started Ray (`SHM_BASELINE`) and that no
 live process holds are removed, so /dev/shm is left as `make serve` found it.
 """
 

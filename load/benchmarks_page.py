@@ -136,10 +136,10 @@ def bench(result: dict[str, Any]) -> list[str]:
 def ceiling(result: dict[str, Any]) -> list[str]:
     return [
         f"## Engine ceiling, offline ({result['model']}, {result['input_len']} in / {result['output_len']} out, "
-        f"{result['concurrency']} in flight)",
+        f"{result['concurrency']} in flight, {result.get('sampling', 'greedy')} sampling)",
         "",
         "The engine alone: built in one process as the llm stage builds it and given token ids, with no HTTP "
-        "and no Ray. The most this machine serves of the text workload; the bench's req/s are fractions of it.",
+        "and no Ray. The most this machine serves of the workload; the bench's req/s are fractions of it.",
         "",
         "| requests | seconds | req/s | output tok/s |",
         "|---:|---:|---:|---:|",

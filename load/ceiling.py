@@ -1,13 +1,13 @@
 """The offline engine ceiling: the most the engine serves of the bench's text workload on this machine,
 with no HTTP and no Ray, so the bench's graph and `vllm` numbers can be stated as fractions of it.
 
-The engine is built in this process as the LLM stage builds it (`build_engine` on the Serve config's
-args, with the env vars the config gives its llm deployment) and driven through `LLMStage.generate`,
-the code a graph's llm replica runs. The workload is the bench's text scenario: `--requests` prompts of
-`--input-len` random single-token words, turned into token ids here by the model's tokenizer (special
-tokens added, as `/v1/completions` adds them), each asking for exactly `--output-len` tokens (greedy,
-or with `--sampling speech` as a speech model samples its audio codes; `ignore_eos`), all submitted at
-once or `--concurrency` at a time.
+The engine is built in this process as the LLM stage builds it (`LLMStage.from_args` on the Serve
+config's args, with the env vars the config gives its llm deployment) and driven through
+`LLMStage.generate`, the code a graph's llm replica runs. The workload is the bench's text scenario:
+`--requests` prompts of `--input-len` random single-token words, turned into token ids here by the
+model's tokenizer (special tokens added, as `/v1/completions` adds them), each asking for exactly
+`--output-len` tokens (greedy, or with `--sampling speech` as a speech model samples its audio codes;
+`ignore_eos`), all submitted at once or `--concurrency` at a time.
 `python -m load.ceiling --app tiny-chat --out results/ceiling.json` (256 x 256 in / 32 out)
 `python -m load.ceiling --app tiny-orpheus --sampling speech --requests 4 --concurrency 2 --output-len 300`
 """
@@ -19,14 +19,16 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from load.bench.datasets import TEXT_INPUT_LEN, positive_int
 from load.offline import word_dataset, write_result
 from load.serve_config import load_in_process
 from serve_app.config import AppArgs
+from serve_app.ingress.speech.serving import speech_sampling
 from serve_app.messages import GenerateRequest, SamplingSpec
-from serve_app.stages.llm import LLMStage, build_engine
+from serve_app.stages.llm import LLMStage
 from serve_app.stages.tokenizer import load_hf_tokenizer
 
 
@@ -57,9 +59,7 @@ def sampling(args: AppArgs, how: str, output_len: int) -> SamplingSpec:
         return SamplingSpec(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     if args.tts is None:
         raise SystemExit(f"--sampling speech: {args.model.name} has no `tts:` settings")
-    tts = args.tts
-    return SamplingSpec(max_tokens=output_len, temperature=tts.temperature, top_p=tts.top_p,
-                        repetition_penalty=tts.repetition_penalty, ignore_eos=True)  # fmt: skip
+    return replace(speech_sampling(args.tts, output_len), ignore_eos=True)
 
 
 async def drive(stage: LLMStage, prompts: Sequence[list[int]], spec: SamplingSpec, concurrency: int) -> list[int]:
@@ -109,7 +109,7 @@ async def measure(opts: argparse.Namespace) -> dict[str, Any]:
         for i in range(opts.requests + opts.warmup)
     ]
     spec = sampling(args, opts.sampling, opts.output_len)
-    stage = LLMStage(build_engine(args))
+    stage = LLMStage.from_args(args)  # as the llm replica builds it (a talker: confined to its codebook)
     try:
         if opts.warmup:
             await drive(stage, prompts[opts.requests :], spec, opts.warmup)

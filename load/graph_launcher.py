@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ import psutil
 import yaml
 
 from deployments.stop import remove_orphaned_engine_files, shm_files, stop_serve
+from load.ports import free_port
 from load.serve_config import pin_local_paths, select
 
 logger = logging.getLogger(__name__)
@@ -46,9 +46,7 @@ def use_free_serve_ports(environ: MutableMapping[str, str]) -> None:
     """Gives each of FIXED_SERVE_PORTS not already set a free port, in `environ` (of `ray start`/`ray.init`)."""
     for name in FIXED_SERVE_PORTS:
         if name not in environ:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                environ[name] = str(sock.getsockname()[1])
+            environ[name] = str(free_port())
 
 
 def route_prefix(config: dict[str, Any]) -> str:

@@ -59,10 +59,10 @@ class EngineConfig(Strict):
     )
     own_session: bool = Field(
         default=True,
-        description="Run the engine's processes in a Linux session of their own. With autogroup scheduling (on "
-        "in most distributions) the kernel then shares the CPU between the engine, which spins while it waits "
-        "on itself, and the rest of the graph (ingress, /health, replicas) before it shares it among processes; "
-        "in one session with them the engine starved them (serve_app/stages/engine_session.py).",
+        description="Run the engine's processes in a Linux session of their own, at a lower weight. With autogroup "
+        "scheduling (on in most distributions) the kernel then shares the CPU between the engine, which keeps a "
+        "core busy while generating, and the rest of the graph (ingress, /health, replicas) before it shares it "
+        "among processes; in one session with them the engine starved them (serve_app/stages/engine_session.py).",
     )
     executor_backend: Literal["uni", "mp"] = Field(
         default="uni",
@@ -249,9 +249,9 @@ class TtsConfig(Strict):
         default=8,
         ge=1,
         le=256,
-        description="The most codec frames in a later audio chunk. Chunks grow from `first_chunk_frames` to this, "
-        "each at most half the audio sent before it, so that a player that starts at the first chunk is not "
-        "left waiting by a talker faster than real time.",
+        description="The most codec frames in a later audio chunk. A later chunk holds half the frames sent "
+        "before it, at least `first_chunk_frames` and at most this, so that a player that starts at the first "
+        "chunk is not left waiting by a talker faster than real time.",
     )
     context_frames: int = Field(
         default=2, ge=0, le=16, description="Frames decoded again before each chunk, so chunks join without clicks."

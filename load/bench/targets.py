@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from pathlib import Path
 
 import httpx
 
+from load.ports import free_port
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -32,12 +33,6 @@ class LaunchSpec:
     url: str
     ready_timeout_s: float = 300.0
     stop_timeout_s: float = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # Ray runs the graph's workers at nice 15 (RAY_worker_niceness); servers started here get the same,

@@ -101,9 +101,12 @@ def _worker_in_engine_core(vllm_config: Any) -> Iterator[None]:
     """Let the engine core run its model worker itself (`uni`) on a CPU. vLLM's CPU platform always
     starts the worker in a process of its own (`mp`): OpenMP takes its thread count and binding from the
     environment of the process it starts in, and only the `mp` executor sets it. Here the replica sets
-    the same variables (vLLM's own `OMPProcessManager`) while the engine core process starts: one
-    process per engine instead of two that spin waiting on each other (docs/benchmarks.md, section 19,
-    the `uni` run)."""
+    the same variables (vLLM's own `OMPProcessManager`) while `AsyncLLM` starts the engine core process,
+    which inherits them: one process per engine instead of two that spin waiting on each other
+    (docs/benchmarks.md, section 19, the `uni` run). The binding then holds the whole engine core (its
+    scheduler and socket threads too) on the engine's cores. The replica's own OpenMP read its
+    environment when it imported torch, before this; any other process it started meanwhile would
+    inherit the binding, and it starts none."""
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
     vllm_config.parallel_config.distributed_executor_backend = "uni"

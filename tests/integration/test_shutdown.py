@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,15 +24,10 @@ import httpx
 import psutil
 
 from deployments.stop import orphaned_shm_files, shm_files
+from load.ports import free_port
 from tests.integration.support import CONFIG, ROOT, TEXT_MODEL, graph_healthy, wait_for
 
 STREAMS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def stream_outcome(url: str, started: threading.Event, outcomes: list[str]) -> None:

@@ -25,7 +25,7 @@ def test_ceiling_section() -> None:
         "output_throughput": 1638.4,
     }  # fmt: skip
     page = benchmarks_page.render([result], notes=None)
-    assert "## Engine ceiling, offline (tiny-chat, 256 in / 32 out, 256 in flight)" in page
+    assert "## Engine ceiling, offline (tiny-chat, 256 in / 32 out, 256 in flight, greedy sampling)" in page
     assert "| 256 | 5.0 | 51.20 | 1,638.4 |" in page
     assert "- command: `python -m load.x --y`" in page
 

@@ -11,7 +11,6 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from serve_app.errors import (
     ServiceUnavailableError,
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
-from serve_app.stages.llm import LLMStage, _worker_in_engine_core, to_chunk, to_sampling_params
+from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
 from serve_app.stages.local import LocalLLM
 
 
@@ -357,17 +356,36 @@ async def test_a_request_past_its_deadline_never_reaches_the_engine() -> None:
     assert len(await collect(LLMStage(engine), on_time)) == 1
 
 
-def test_a_uni_engine_core_starts_with_the_omp_environment_vllms_worker_would_get(
-    monkeypatch: pytest.MonkeyPatch,
+OMP_BINDING = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES")  # the thread count, and GNU or standard binding
+
+
+@pytest.mark.parametrize("backend", ["uni", "mp"])
+def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
+    monkeypatch: pytest.MonkeyPatch, raw_args: dict[str, Any], backend: str
 ) -> None:
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "1")  # what `engine.cpu_cores` chose
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    parallel = SimpleNamespace(distributed_executor_backend="mp", local_world_size=1, data_parallel_rank_local=0,
-                               _api_process_count=1)  # fmt: skip
-    config = SimpleNamespace(parallel_config=parallel, kv_transfer_config=None)  # the parts vLLM's manager reads
-    with _worker_in_engine_core(config):
-        # What the engine core process, started here, inherits: one OpenMP thread, bound to core 1.
-        assert parallel.distributed_executor_backend == "uni"
-        assert os.environ["OMP_NUM_THREADS"] == "1"
-        assert "1" in (os.environ.get("GOMP_CPU_AFFINITY", "") + os.environ.get("OMP_PLACES", ""))
-    assert "OMP_NUM_THREADS" not in os.environ  # the replica's own environment is given back
+    """`uni`: the engine core process (started inside `AsyncLLM.from_vllm_config`) gets the OpenMP environment
+    vLLM would give its worker, one thread bound to the engine's core; `mp`: vLLM's own worker gets it."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from serve_app.config import parse_app_args
+    from serve_app.stages.llm import build_engine
+
+    for name in OMP_BINDING:
+        monkeypatch.delenv(name, raising=False)
+    started: dict[str, Any] = {}
+
+    def start(vllm_config: Any, **_: Any) -> str:
+        started["executor"] = vllm_config.parallel_config.distributed_executor_backend
+        started["env"] = {name: os.environ[name] for name in OMP_BINDING if name in os.environ}
+        return "engine"
+
+    monkeypatch.setattr(AsyncLLM, "from_vllm_config", start)
+    args = parse_app_args({**raw_args, "engine": {"cpu_cores": "1", "executor_backend": backend}})
+    assert build_engine(args) == "engine"
+    assert started["executor"] == backend
+    if backend == "uni":  # libgomp (vLLM preloads it) is bound with GOMP_CPU_AFFINITY, other OpenMPs with OMP_PLACES
+        assert started["env"] in ({"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "1"},
+                                  {"OMP_NUM_THREADS": "1", "OMP_PLACES": "{1}"})  # fmt: skip
+    else:
+        assert started["env"] == {}
+    assert not any(name in os.environ for name in OMP_BINDING)  # the replica's own environment is given back

@@ -260,14 +260,29 @@ async def test_a_slow_client_holds_back_only_its_own_stream(
     await slow.aclose()  # type: ignore[attr-defined]
 
 
-# first_chunk_frames 2, chunk_frames 3: each chunk at most half the frames sent before it, at least 2.
+# The tests' first_chunk_frames 2 and chunk_frames 3, over all 21 frames of a request.
 GROWING_CHUNKS = [2, 2, 2, 3, 3, 3, 3, 3]
-assert sum(GROWING_CHUNKS) == FRAMES
 
 
-def test_chunks_grow_to_chunk_frames_by_half_the_audio_sent(
+@pytest.mark.parametrize(("first", "most", "sizes"), [
+    (2, 8, [2, 2, 2, 3, 4, 6, 8, 8, 8]),  # the default config's
+    (2, 16, [2, 2, 2, 3, 4, 6, 9, 14, 16, 16]),
+    (4, 8, [4, 4, 4, 6, 8, 8]),
+    (2, 3, GROWING_CHUNKS),
+])  # fmt: skip
+def test_a_chunk_holds_half_the_frames_sent_before_it_within_bounds(
+    speech_args: Any, first: int, most: int, sizes: list[int]
+) -> None:
+    from serve_app.ingress.speech.serving import next_chunk_frames
+
+    tts = speech_args.tts.model_copy(update={"first_chunk_frames": first, "chunk_frames": most})
+    assert [next_chunk_frames(tts, sum(sizes[:i])) for i in range(1, len(sizes))] == sizes[1:]
+
+
+def test_a_stream_sends_its_frames_in_growing_chunks(
     speech_args: Any, speech_tokenizer: TokenizerStage, talker: FakeTalker, vocoder: FakeVocoder
 ) -> None:
+    assert sum(GROWING_CHUNKS) == FRAMES
     client = speech_app_client(speech_args, speech_tokenizer, talker, vocoder, context_frames=0)
     assert client.post(SPEECH, json=body(response_format="pcm")).status_code == 200
     assert [len(r.frames) for r in vocoder.requests] == GROWING_CHUNKS

@@ -111,8 +111,7 @@ async def create_speech(services: Services, request: SpeechRequest, deadline: De
         )
     try:
         cap = max_audio_tokens(tts, request.input)
-        spec = SamplingSpec(max_tokens=cap, temperature=tts.temperature, top_p=tts.top_p,
-                            repetition_penalty=tts.repetition_penalty, audio_codes=True)  # fmt: skip
+        spec = speech_sampling(tts, cap)
         tokenize = TokenizeRequest(SpeechPrompt(request.input, voice), add_special_tokens=True)
         stream = await start_generation(
             services, tokenize, lambda room: _capped(spec, room), new_request_id("speech"), deadline=deadline
@@ -160,6 +159,21 @@ class _Finish:
             self.slots.release()
 
 
+def speech_sampling(tts: TtsConfig, max_tokens: int) -> SamplingSpec:
+    """How the talker samples its audio codes (`load.ceiling --sampling speech` measures the same)."""
+    return SamplingSpec(max_tokens=max_tokens, temperature=tts.temperature, top_p=tts.top_p,
+                        repetition_penalty=tts.repetition_penalty, audio_codes=True)  # fmt: skip
+
+
+def next_chunk_frames(tts: TtsConfig, sent: int) -> int:
+    """Frames in the next audio chunk once `sent` frames went to the vocoder: half of those, at least
+    `first_chunk_frames` and at most `chunk_frames` (2, 2, 2, 3, 4, 6, 8, 8, ... for 2 and 8). While a
+    player that started at the first chunk plays the audio sent, a talker faster than real time makes
+    the next chunk. With 2 frames and then 8 (stop 22), every stream underran by ~0.4 s at a real-time
+    factor of 0.63."""
+    return min(tts.chunk_frames, max(tts.first_chunk_frames, sent // 2))
+
+
 def _capped(spec: SamplingSpec, room: int) -> SamplingSpec:
     return replace(spec, max_tokens=min(spec.max_tokens, room))
 
@@ -192,10 +206,7 @@ async def audio_chunks(
     def send(frames: list[list[int]]) -> None:
         nonlocal context, size, sent
         sent += len(frames)
-        # The next chunk holds at most half the audio sent before it: a talker faster than real time
-        # makes it while a player that started at the first chunk plays that audio. With 2 frames and
-        # then 8 (stop 22), every stream underran by ~0.4 s at a real-time factor of 0.63.
-        size = min(tts.chunk_frames, max(tts.first_chunk_frames, sent // 2))
+        size = next_chunk_frames(tts, sent)
         request = VocodeRequest([*context, *frames], len(context), deadline_at(stream.deadline))
         pending.append(asyncio.ensure_future(decode(request)))
         context = [*context, *frames][-tts.context_frames :] if tts.context_frames else []
