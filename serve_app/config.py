@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SecretStr, model_validator
 
+from serve_app.engine_config import EngineConfig
 from serve_app.strict_args import Strict, parse_args
 
 
@@ -37,89 +38,6 @@ class ModelConfig(Strict):
     @property
     def tokenizer_path(self) -> str:
         return self.tokenizer or self.path
-
-
-Dtype = Literal["auto", "bfloat16", "float16", "float32"]
-
-
-class EngineConfig(Strict):
-    dtype: Dtype = Field(
-        default="auto",
-        description="Weight and activation dtype. `auto`: the checkpoint's on a GPU; on a CPU bfloat16 where it "
-        "is native (AVX512-BF16/AMX), else float32 (emulated bfloat16 decodes ~5x slower). The llm replica logs "
-        "its choice and `/metrics` shows it (`serve_graph_engine_info`).",
-    )
-    cpu_cores: str = Field(
-        default="spread",
-        pattern=r"^(spread|auto|nobind|[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)$",
-        description="CPU engines only: the cores the engine's OpenMP threads are bound to. `spread`: the cores "
-        "of its node that the fewest other engines hold (as many as OMP_NUM_THREADS, default 1), so engines "
-        "on one node never share a core while another idles; `auto`: vLLM's own binding (one core kept for "
-        "an API server, every engine on the rest); `nobind`; or a core list such as `1` or `0-3,8`.",
-    )
-    own_session: bool = Field(
-        default=True,
-        description="Run the engine's processes in a Linux session of their own, at a lower weight. With autogroup "
-        "scheduling (on in most distributions) the kernel then shares the CPU between the engine, which keeps a "
-        "core busy while generating, and the rest of the graph (ingress, /health, replicas) before it shares it "
-        "among processes; in one session with them the engine starved them (serve_app/stages/engine_session.py).",
-    )
-    executor_backend: Literal["uni", "mp"] = Field(
-        default="uni",
-        description="CPU engines only: where the engine runs its model. `uni`: in the engine core's own "
-        "process. `mp`: in a worker process of its own, as vLLM's CPU platform always does (`vllm serve` on a "
-        "CPU cannot be told otherwise); the two processes spin while each waits for the other, ~1.6 cores "
-        "under any load, where `uni` keeps ~0.8 busy and serves more (docs/benchmarks.md, section 19, `uni`). "
-        "An engine of several workers (`tensor_parallel_size` > 1) always runs them in processes of their own.",
-    )
-    enforce_eager: bool = Field(
-        default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."
-    )
-    max_num_seqs: int = Field(default=256, ge=1, le=4096, description="Sequences the engine schedules in one step.")
-    max_num_batched_tokens: int | None = Field(
-        default=None, ge=16, description="Token budget of one engine step; vLLM picks one when unset."
-    )
-    gpu_memory_utilization: float = Field(
-        default=0.9, gt=0.0, le=1.0, description="Share of GPU memory vLLM may use (GPU only)."
-    )
-    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one engine spans.")
-    enable_prefix_caching: bool | None = Field(
-        default=None,
-        description="Reuse KV cache across prompts with a common prefix; vLLM default when unset.",
-    )
-    seed: int = Field(default=0, ge=0, description="Engine seed for requests that give none.")
-    stream_interval: int = Field(
-        default=1,
-        ge=1,
-        le=64,
-        description="Tokens the engine gathers before it emits a streamed chunk. Each chunk pays the "
-        "llm->ingress->proxy hops, so a few tokens per chunk saves CPU under load; the first token is "
-        "never held back.",
-    )
-    log_stats: bool = Field(
-        default=True, description="Collect engine statistics (vLLM's Prometheus metrics in `/metrics`)."
-    )
-    model_impl: Literal["auto", "vllm", "transformers"] = Field(
-        default="auto",
-        description="vLLM's own model code, or its Transformers backend. The CPU vision config needs "
-        "`transformers`: vLLM's LLaVA code imports torchvision, which has no CPU build for this torch.",
-    )
-    watchdog_timeout_s: float | None = Field(
-        default=60.0,
-        ge=1.0,
-        le=3600.0,
-        description="Engine hang watchdog: with requests waiting on the engine and no output from it for this "
-        "long, the llm stage declares the engine hung: its requests fail with 503, its health check fails (Serve "
-        "replaces the replica). Longer than the slowest prefill the engine may run; null turns it off.",
-    )
-    max_waiting_requests: int = Field(
-        default=256,
-        ge=0,
-        le=1_000_000,
-        description="Sequences that may wait for one of the engine's `max_num_seqs` slots (a request with `n` "
-        "choices counts `n`); beyond that the llm stage answers 503/429 with Retry-After (reason "
-        "`engine_queue_full`) instead of queueing. On top of the llm deployment's `max_queued_requests`.",
-    )
 
 
 class TokenizerStageConfig(Strict):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from serve_app.config import Dtype
+from serve_app.engine_config import Dtype
 
 logger = logging.getLogger("ray.serve")
 

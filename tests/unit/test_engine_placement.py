@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.config import Dtype
+from serve_app.engine_config import Dtype
 from serve_app.stages import engine_placement as placement
 from serve_app.stages.engine_placement import BIND_ENV, bind_engine_cores, claim_cores, omp_threads, resolve_dtype
 
