@@ -9,6 +9,7 @@ from pydantic import Field
 from serve_app.strict_args import Strict
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+TopP = Literal["histogram", "sort"]
 
 
 class EngineConfig(Strict):
@@ -40,6 +41,13 @@ class EngineConfig(Strict):
         "CPU cannot be told otherwise); the two processes spin while each waits for the other, ~1.6 cores "
         "under any load, where `uni` keeps ~0.8 busy and serves more (docs/benchmarks.md, section 19, `uni`). "
         "An engine of several workers (`tensor_parallel_size` > 1) always runs them in processes of their own.",
+    )
+    top_p: TopP = Field(
+        default="histogram",
+        description="CPU engines only: how the engine applies a request's top-p. `histogram`: finds the "
+        "nucleus's smallest probability from a histogram and sorts only the tokens near it, the same tokens "
+        "kept at a fifth of the cost for one or two sequences (serve_app/stages/top_p.py). `sort`: vLLM's own, "
+        "which sorts every row of logits at every step (a talker's step took twice as long for it).",
     )
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."

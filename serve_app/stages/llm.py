@@ -26,7 +26,7 @@ from serve_app.errors import (
     ServiceUnavailableError,
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
-from serve_app.stages import engine_session
+from serve_app.stages import engine_session, top_p
 from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, omp_threads, resolve_dtype
 from serve_app.stages.engine_watchdog import EngineWatchdog
 
@@ -37,7 +37,7 @@ logger = logging.getLogger("ray.serve")
 _LOGPROB_FLOOR = -9999.0
 # In this process's default registry, which the llm deployment's `metrics_text` serves to `/metrics`.
 _ENGINE_INFO = Info(
-    "serve_graph_engine", "The dtype, cores, session and executor the engine of this llm replica runs with."
+    "serve_graph_engine", "The dtype, cores, session, executor and top-p the engine of this llm replica runs with."
 )
 
 
@@ -60,8 +60,14 @@ def build_engine(args: AppArgs) -> Engine:
 
     on_cpu = current_platform.is_cpu()
     dtype = resolve_dtype(args.engine.dtype, on_gpu=not on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
-    placement = {"dtype": dtype, "cpu_cores": "-", "own_session": str(args.engine.own_session).lower()}
+    placement = {
+        "dtype": dtype,
+        "cpu_cores": "-",
+        "own_session": str(args.engine.own_session).lower(),
+        "top_p": args.engine.top_p if on_cpu else "sort",
+    }
     engine_session.request_own_session(args.engine.own_session)
+    top_p.request(args.engine.top_p)
     if on_cpu:
         placement["cpu_cores"] = bind_engine_cores(args.engine.cpu_cores, omp_threads())
     engine_args = AsyncEngineArgs(
@@ -88,8 +94,9 @@ def build_engine(args: AppArgs) -> Engine:
     vllm_config = engine_args.create_engine_config()
     uni = on_cpu and args.engine.executor_backend == "uni" and vllm_config.parallel_config.world_size == 1
     placement["executor"] = "uni" if uni else str(vllm_config.parallel_config.distributed_executor_backend)
-    logger.info("engine for %s: dtype %s (asked %s), cores %s, own session %s, executor %s", args.model.name, dtype,
-                args.engine.dtype, *(placement[k] for k in ("cpu_cores", "own_session", "executor")))  # fmt: skip
+    shown = (placement[k] for k in ("cpu_cores", "own_session", "executor", "top_p"))
+    logger.info("engine for %s: dtype %s (asked %s), cores %s, own session %s, executor %s, top-p %s",
+                args.model.name, dtype, args.engine.dtype, *shown)  # fmt: skip
     _ENGINE_INFO.info(placement)
     with _worker_in_engine_core(vllm_config) if uni else nullcontext():
         engine: Engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=not args.engine.log_stats)

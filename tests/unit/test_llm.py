@@ -26,6 +26,7 @@ from serve_app.errors import (
     ServiceUnavailableError,
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
+from serve_app.stages import top_p
 from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
 from serve_app.stages.local import LocalLLM
 
@@ -370,19 +371,21 @@ def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
     from serve_app.config import parse_app_args
     from serve_app.stages.llm import build_engine
 
-    for name in OMP_BINDING:
+    for name in (*OMP_BINDING, top_p.ENV):
         monkeypatch.delenv(name, raising=False)
     started: dict[str, Any] = {}
 
     def start(vllm_config: Any, **_: Any) -> str:
         started["executor"] = vllm_config.parallel_config.distributed_executor_backend
         started["env"] = {name: os.environ[name] for name in OMP_BINDING if name in os.environ}
+        started["top_p"] = os.environ[top_p.ENV]
         return "engine"
 
     monkeypatch.setattr(AsyncLLM, "from_vllm_config", start)
     args = parse_app_args({**raw_args, "engine": {"cpu_cores": "1", "executor_backend": backend}})
     assert build_engine(args) == "engine"
     assert started["executor"] == backend
+    assert started["top_p"] == "histogram"  # the default; the engine's plugin reads it (tests/unit/test_top_p.py)
     if backend == "uni":  # libgomp (vLLM preloads it) is bound with GOMP_CPU_AFFINITY, other OpenMPs with OMP_PLACES
         assert started["env"] in ({"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "1"},
                                   {"OMP_NUM_THREADS": "1", "OMP_PLACES": "{1}"})  # fmt: skip
