@@ -62,7 +62,7 @@ class SnacDecoder:
         from snac import SNAC
         from torch.nn.utils import parametrize
 
-        from serve_app.codecs.snac_layers import with_faster_convolutions
+        from serve_app.codecs.snac_layers import with_faster_layers
 
         # The thread count is per process and torch defaults to every core of the machine: replicas
         # sharing a node would oversubscribe it. Small convolutions scale poorly across threads, so
@@ -75,7 +75,7 @@ class SnacDecoder:
             if parametrize.is_parametrized(module):
                 for name in list(module.parametrizations.keys()):
                     parametrize.remove_parametrizations(module, name)
-        with_faster_convolutions(model)
+        with_faster_layers(model)
         self._model = model
         self.sample_rate = int(model.sampling_rate)
         self.codebook_size = int(model.codebook_size)

@@ -2,19 +2,31 @@ from __future__ import annotations
 
 import pytest
 import torch
+from snac.layers import Snake1d
 from torch import nn
 
 from serve_app.codecs.snac_layers import (
     LARGE_WEIGHT,
+    InPlaceSnake1d,
     MatmulConvTranspose1d,
     ShiftedDepthwiseConv1d,
-    with_faster_convolutions,
+    with_faster_layers,
 )
 
 
 @pytest.fixture(autouse=True)
 def seeded() -> None:
     torch.manual_seed(0)
+
+
+def test_in_place_snake_matches_snac() -> None:
+    snake = Snake1d(16)
+    snake.alpha.data = torch.rand_like(snake.alpha) + 0.5  # SNAC starts at 1; trained ones differ per channel
+    x = torch.randn(2, 16, 300)
+    with torch.inference_mode():
+        expected, got = snake(x), InPlaceSnake1d(snake)(x)
+    torch.testing.assert_close(got, expected)
+    assert not torch.equal(got, x)
 
 
 @pytest.mark.parametrize("dilation", [3, 9])
@@ -46,10 +58,12 @@ def test_only_slow_convolutions_are_replaced() -> None:
     assert large.weight.numel() >= LARGE_WEIGHT
     model = nn.Sequential(
         nn.Conv1d(8, 8, 7, dilation=3, padding=9, groups=8),  # dilated depthwise: replaced
+        Snake1d(8),  # replaced
         nn.Conv1d(8, 8, 7, padding=3, groups=8),  # depthwise, no dilation: oneDNN is fast
         nn.Conv1d(8, 8, 7, dilation=3, padding=9),  # dense
         nn.Sequential(nn.ConvTranspose1d(8, 8, 4, stride=2), large),  # small stays, large replaced
     )
-    with_faster_convolutions(model)
-    kinds = [type(m).__name__ for m in (model[0], model[1], model[2], model[3][0], model[3][1])]
-    assert kinds == ["ShiftedDepthwiseConv1d", "Conv1d", "Conv1d", "ConvTranspose1d", "MatmulConvTranspose1d"]
+    with_faster_layers(model)
+    kinds = [type(m).__name__ for m in (model[0], model[1], model[2], model[3], model[4][0], model[4][1])]
+    assert kinds == ["ShiftedDepthwiseConv1d", "InPlaceSnake1d", "Conv1d", "Conv1d", "ConvTranspose1d",
+                     "MatmulConvTranspose1d"]  # fmt: skip
