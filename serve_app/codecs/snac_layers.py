@@ -1,4 +1,4 @@
-"""SNAC's decoder convolutions that oneDNN runs slowly on a CPU, computed another way.
+"""SNAC decoder layers that run slowly on a CPU as written (oneDNN, TorchScript), computed another way.
 
 One thread, a 6-frame chunk of the 24 kHz decoder took 129 ms, of which its Snake activations took
 28 ms, its dilated depthwise convolutions 21 ms and its first upsampling 23 ms; with the replacements
