@@ -69,6 +69,7 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
     os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
     os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")  # as the Makefile sets it (it says why)
     os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")  # likewise
+    os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")  # likewise
     os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "5")  # likewise
     for name in FIXED_SERVE_PORTS:  # the ports of the cluster that started us (the tests' session) are taken
         os.environ.pop(name, None)
