@@ -25,6 +25,7 @@ from typing import Any
 
 import load.burst
 import load.client_burst
+import load.idle_cpu
 import load.overload
 import load.soak
 from load.bench import health, report
@@ -217,8 +218,20 @@ def client_burst(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def idle_cpu(result: dict[str, Any]) -> list[str]:
+    """A `load.idle_cpu` run: each target's processes at rest, by role."""
+    return [
+        f"## CPU at rest, by process role ({result['seconds']:.0f} s, no load sent)",
+        "",
+        load.idle_cpu.markdown(result["targets"]),
+        "",
+        *_meta(result),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "burst": burst,
+    "idle_cpu": idle_cpu,
     "client_burst": client_burst,
     "health_probe": health_probe,
     "overhead": overhead,

@@ -30,6 +30,16 @@ def test_ceiling_section() -> None:
     assert "- command: `python -m load.x --y`" in page
 
 
+def test_idle_cpu_section() -> None:
+    roles = {"api_server": {"processes": 2, "core_share": 0.003}}
+    targets = {"vllm": {"roles": roles, "outside_engine_core_share": 0.003, "total_core_share": 0.024}}
+    result = {**META, "kind": "idle_cpu", "label": "", "seconds": 30.0, "targets": targets}
+    page = benchmarks_page.render([result], None)
+    assert "## CPU at rest, by process role (30 s, no load sent)" in page
+    assert "| vllm | api_server | 2 | 0.0030 |" in page
+    assert "| vllm | **all** | | **0.024** |" in page
+
+
 def test_tokenizer_throughput_section() -> None:
     def path(how: str, prompts_per_s: float, vs: float) -> dict[str, Any]:
         return {"how": how, "prompts_per_s": prompts_per_s, "tokens_per_s": prompts_per_s * 266, "vs_reference": vs}
