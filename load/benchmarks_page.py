@@ -231,8 +231,8 @@ def idle_cpu(result: dict[str, Any]) -> list[str]:
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "burst": burst,
-    "idle_cpu": idle_cpu,
     "client_burst": client_burst,
+    "idle_cpu": idle_cpu,
     "health_probe": health_probe,
     "overhead": overhead,
     "bench": bench,

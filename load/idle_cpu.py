@@ -54,8 +54,12 @@ def measure(urls: Mapping[str, str], seconds: float) -> dict[str, dict[str, Any]
     before = meter.snapshot()
     time.sleep(seconds)
     after = meter.snapshot()
-    cells = {name: meter.measure(name, before, after) for name in urls}
-    return {name: shares(cell) for name, cell in cells.items() if cell is not None}
+    result = {}
+    for name in urls:
+        cell = meter.measure(name, before, after)
+        assert cell is not None  # every target was found above
+        result[name] = shares(cell)
+    return result
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -65,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--label", default="")
     parser.add_argument("--out", type=Path, default=None, help="results JSON")
     opts = parser.parse_args(argv)
+    if any("=" not in t for t in opts.target):
+        parser.error("--target takes NAME=URL")
     urls = dict(t.split("=", 1) for t in opts.target)
     result = {
         **run_meta("load.idle_cpu", list(argv) if argv is not None else None),

@@ -1,9 +1,10 @@
 """SNAC decoder layers that run slowly on a CPU as written (oneDNN, TorchScript), computed another way.
 
-One thread, a 6-frame chunk of the 24 kHz decoder took 129 ms, of which its Snake activations took
-28 ms, its dilated depthwise convolutions 21 ms and its first upsampling 23 ms; with the replacements
-here, 71 ms (docs/benchmarks-notes.md, stop 23). They give the same results up to float rounding
-(tests/unit/test_codecs_snac_layers.py).
+One thread, a 6-frame chunk of the 24 kHz decoder took 129 ms on the AVX-512 kind, of which its Snake
+activations took 28 ms, its dilated depthwise convolutions 21 ms and its first upsampling 23 ms; with
+the replacements here, 71 ms (quick checks, not committed; on the AVX2-only kind 244-277 against
+320-334 ms for 6 frames and 2 of context: docs/benchmarks-notes.md, stop 24). They give the same
+results up to float rounding (tests/unit/test_codecs_snac_layers.py).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def with_faster_layers(model: nn.Module) -> None:
 
 
 def is_dilated_depthwise(conv: nn.Conv1d) -> bool:
-    return conv.dilation[0] > 1 and conv.stride[0] == 1 and conv.groups == conv.in_channels == conv.out_channels
+    depthwise = conv.groups == conv.in_channels == conv.out_channels
+    return conv.dilation[0] > 1 and conv.stride[0] == 1 and depthwise and conv.padding_mode == "zeros"
 
 
 class InPlaceSnake1d(nn.Module):
@@ -47,7 +49,8 @@ class InPlaceSnake1d(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.mul(x, self.alpha)
         # NumPy's float32 sine takes a third of torch's here (0.33 against 0.84-1.24 ms for 786k values,
-        # one AVX-512 thread); `y` is new and contiguous, so the array is its memory.
+        # one AVX-512 thread); `y` is new and contiguous, so the array is its memory (and needs no grad:
+        # the decoder runs under inference mode).
         values = y.numpy()
         np.sin(values, out=values)
         return y.square_().mul_(self.inverse).add_(x)
@@ -83,6 +86,7 @@ class MatmulConvTranspose1d(nn.Module):
     def __init__(self, conv: nn.ConvTranspose1d) -> None:
         super().__init__()
         assert conv.groups == 1 and conv.dilation[0] == 1 and isinstance(conv.padding, tuple)
+        assert conv.output_padding[0] <= conv.padding[0]  # else the output would need zeros appended
         channels_in, channels_out, size = conv.weight.shape
         bias = conv.bias if conv.bias is not None else torch.zeros(channels_out)
         # (channels_out * size) x channels_in, so that `columns @ x` gives each step's kernel-wide output.

@@ -2,20 +2,24 @@
 
 vLLM's CPU sampler applies top-p by sorting every row of logits at every step. For the talker that is
 most of a decode step: sorting the tiny Orpheus model's 36,682 logits takes ~2 ms per sequence, while
-the model's own forward pass takes ~2 ms (greedy 428 tokens/s against 217 with top-p for one
-sequence; docs/benchmarks.md, sections 52-53). A real Orpheus vocabulary is 156k tokens.
+the model's own forward pass takes ~2 ms (on the AVX-512 kind, greedy 428 tokens/s against 217 with
+top-p for one sequence). A real Orpheus vocabulary is 156k tokens. With the talker's own sampling, one
+sequence: 74.1 tokens/s here against 60.4 with the sort on the AVX2-only kind (docs/benchmarks.md,
+sections 54-55).
 
 The nucleus needs only its smallest kept probability. `histogram_top_p` finds it from a histogram of
 the probabilities (binned by their float bits, which order as the floats do): every bin above the one
 where the mass from the top crosses `p` is kept whole, every bin below it is dropped, and only the
 tokens of that one bin are sorted. It keeps the same tokens as vLLM's sort (ties at the threshold are
-all kept, where the sort's order keeps some), at a fifth of the cost for one or two sequences.
+all kept, where the sort's order keeps some). Rows that are not finite (NaN or +inf logits) keep
+every token, as they would come out of the sort.
 
 How it gets into the engine: the llm stage sets `ENV` before it starts the engine (`request`), and
 `install`, a vLLM general plugin (entry point `vllm.general_plugins`, run in every process vLLM
-spawns), replaces vLLM's `apply_top_k_top_p` in a CPU engine whose replica asked for it. Requests with
-top-k, or without top-p, still go to vLLM's own function; so do processes that did not ask (a
-`vllm serve` in the same environment).
+spawns), replaces vLLM's `apply_top_k_top_p` in a CPU engine whose replica asked for it. A batch in
+which any request has top-k (vLLM passes top-k per batch), or none has top-p, or logits other than
+float32, still goes to vLLM's own function; so do processes that did not ask (a `vllm serve` in the
+same environment).
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ def histogram_top_p(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     the tokens kept are those whose more probable tokens hold less than `p` together."""
     probs = logits.softmax(dim=-1)
     rows = probs.shape[0]
-    bins = probs.view(torch.int32) >> _SHIFT
+    # NaN's bit patterns fall outside 0.._BINS - 1, where they would land in another row's bins.
+    bins = (probs.view(torch.int32) >> _SHIFT).clamp_(0, _BINS - 1)
     flat = (bins + torch.arange(rows).unsqueeze(1) * _BINS).flatten()
     mass = torch.bincount(flat, weights=probs.flatten(), minlength=rows * _BINS).view(rows, _BINS).double()
     above = mass.flip(1).cumsum(1).flip(1) - mass  # mass in the bins above each bin
@@ -76,7 +81,7 @@ def install() -> None:
     original = sampler.apply_top_k_top_p
 
     def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
-        if p is None or k is not None:
+        if p is None or k is not None or logits.dtype != torch.float32:  # the bins read float32 bits
             return original(logits, k, p)
         return histogram_top_p(logits, p)
 

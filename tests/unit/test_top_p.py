@@ -50,6 +50,18 @@ def test_one_dominant_token_is_kept_alone() -> None:
     assert kept(histogram_top_p(x, torch.tensor([0.9]))).nonzero()[:, 1].tolist() == [9000]
 
 
+@pytest.mark.parametrize("bad", [INF, float("nan"), float("inf")])
+def test_a_row_that_is_not_finite_keeps_its_tokens_and_leaves_its_neighbours_alone(bad: float) -> None:
+    x, p = logits(3, 3.0, seed=4), torch.tensor([0.8, 0.8, 0.8])
+    expected = histogram_top_p(x.clone(), p)
+    x[0, :] = bad if bad != float("inf") else x[0, :]
+    if bad == float("inf"):
+        x[0, 9000] = bad
+    out = histogram_top_p(x.clone(), p)
+    assert torch.equal(kept(out[0]), kept(x[0]))  # nothing masked: as the sort leaves such a row
+    assert torch.equal(kept(out[1:]), kept(expected[1:]))
+
+
 def test_vllm_finds_the_plugin() -> None:
     assert "serve_app.stages.top_p:install" in {e.value for e in entry_points(group="vllm.general_plugins")}
 
@@ -65,7 +77,8 @@ def vllms_function(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, object
         return x
 
     monkeypatch.setattr(sampler, "apply_top_k_top_p", original)
-    monkeypatch.delenv(top_p.ENV, raising=False)
+    # Set (not deleted) so that monkeypatch restores it: `top_p.request` writes os.environ itself.
+    monkeypatch.setenv(top_p.ENV, "")
     return calls
 
 
@@ -88,4 +101,5 @@ def test_asked_the_plugin_takes_top_p_alone(vllms_function: list[tuple[object, o
     sampler.apply_top_k_top_p(x, k, p)
     sampler.apply_top_k_top_p(x, k, None)
     sampler.apply_top_k_top_p(x, None, None)
-    assert vllms_function == [(k, p), (k, None), (None, None)]
+    sampler.apply_top_k_top_p(x.double(), None, p)  # the histogram reads float32 bits
+    assert vllms_function == [(k, p), (k, None), (None, None), (None, p)]
