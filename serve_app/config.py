@@ -267,6 +267,13 @@ class AdmissionConfig(Strict):
         "the work admitted before it; longer is refused at once rather than queued.",
     )
 
+    learn_speed: bool = Field(
+        default=True,
+        description="With the two rates set: measure how fast the engine clears work while busy (a quarter of "
+        "`engine.max_num_seqs` requests live or more) and scale every expected wait by it, so that rates measured on "
+        "one machine admit what another clears (`serve_graph_admission_speed` shows it). False: the rates as given.",
+    )
+
     @model_validator(mode="after")
     def _rates_together(self) -> AdmissionConfig:
         if (self.prefill_tokens_per_s is None) != (self.decode_tokens_per_s is None):

@@ -6,7 +6,7 @@ per-stage time), so one histogram here covers the whole path without scraping ev
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -56,6 +56,15 @@ class IngressMetrics:
             "serve_graph_image_cache", "Images of requests found (hit) or not (miss) in the multimodal stage's "
             "processed-image cache; hit rate = hit / (hit + miss).", ["result"], registry=self.registry,
         )  # fmt: skip
+
+    def show_admission_speed(self, speed: Callable[[], float]) -> None:
+        """The gauge of a model admitted by work (`work_admission.py`); other models have none."""
+        Gauge(
+            "serve_graph_admission_speed",
+            "How fast the engine clears admitted work against admission's configured rates, as measured while it "
+            "was busy (1: as configured; 0.5: half as fast, so half as much is admitted).",
+            registry=self.registry,
+        ).set_function(speed)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -48,7 +48,11 @@ class Services:
         admission = self.args.admission
         self.work = None
         if admission.prefill_tokens_per_s is not None and admission.decode_tokens_per_s is not None:
-            self.work = WorkGate(admission.prefill_tokens_per_s, admission.decode_tokens_per_s, admission.max_wait_s)
+            busy = max(1, self.args.engine.max_num_seqs // 4) if admission.learn_speed else None
+            gate = self.work = WorkGate(
+                admission.prefill_tokens_per_s, admission.decode_tokens_per_s, admission.max_wait_s, busy_live=busy
+            )
+            self.metrics.show_admission_speed(lambda: gate.speed)
             if isinstance(self.tokenizer, InlineTokenizer):  # the ingress's own tokenizer copy knows its bound
                 self.work.max_chars_per_token = self.tokenizer.max_chars_per_token
 

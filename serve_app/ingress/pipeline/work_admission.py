@@ -10,6 +10,13 @@ over the requests admitted and not finished, less what they have generated so fa
 share is paid off at the first token. It is an estimate at full batch: a lone request decodes slower
 than the batch rate, but then nothing waits behind it.
 
+The rates are the configured ones at first. With `admission.learn_speed`, the gate then measures how
+fast the engine really clears work while it is busy (at least a quarter of `engine.max_num_seqs`
+requests live), as configured seconds paid off per second, and divides every wait by that speed: the
+same config admits what this machine's engine clears in `max_wait_s`, on a CPU twice as slow as the
+one it was measured on, or beside other engines that take its cores. A quieter engine may only raise
+the speed: a lone request decodes far below the batch rate, and that speed would refuse the next burst.
+
 A request is weighed when it arrives, before the tokenizer stage, so a refusal costs no tokenizer
 work and does not wait in its queue: its prompt's characters times the tokens per character of the
 prompts tokenized so far (exact for token-id prompts); once tokenized, its ticket takes its real size.
@@ -22,10 +29,15 @@ such prompts would pile on.
 
 from __future__ import annotations
 
+import logging
 import math
+import time
+from collections.abc import Callable
 
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, OverloadedError
+
+logger = logging.getLogger(__name__)
 
 
 class WorkTicket:
@@ -39,7 +51,7 @@ class WorkTicket:
         self.remaining_s = prompt_s + decode_s_per_token * max_tokens
         self._live = True
         gate.backlog_s += self.remaining_s
-        gate.live += 1
+        gate.count(+1)
 
     def resize(self, prompt_tokens: int, max_tokens: int) -> None:
         """The request's real size, once tokenized (it was admitted on an estimate)."""
@@ -54,6 +66,7 @@ class WorkTicket:
         paid = self._prompt_s + self._per_token * min(tokens, self._tokens_left)
         self._prompt_s = 0.0
         self._tokens_left = max(0, self._tokens_left - tokens)
+        self._gate.observe(min(paid, self.remaining_s))
         self._pay(paid)
 
     def release(self) -> None:
@@ -61,7 +74,7 @@ class WorkTicket:
         self._pay(self.remaining_s)
         if self._live:
             self._live = False
-            self._gate.live -= 1
+            self._gate.count(-1)
             if self._gate.live == 0:
                 self._gate.backlog_s = 0.0  # no float residue may keep an idle engine "busy"
 
@@ -76,11 +89,33 @@ class WorkGate:
     # English prose is ~0.25 for Llama-3's tokenizer; the tiny local model's gives 0.22 on the bench's
     # prompts and 0.37 on this repository's README. A little heavy rather than light.
     FIRST_TOKENS_PER_CHAR = 0.3
+    # The speed is measured over windows this long, each moving it half way to what it saw: a burst's
+    # first seconds correct it, one slow second does not halve it.
+    WINDOW_S = 1.0
+    # What one window may make of it: a measurement outside these is a fault, not a machine.
+    SPEED_BOUNDS = (0.1, 10.0)
 
-    def __init__(self, prefill_tokens_per_s: float, decode_tokens_per_s: float, max_wait_s: float) -> None:
+    def __init__(
+        self,
+        prefill_tokens_per_s: float,
+        decode_tokens_per_s: float,
+        max_wait_s: float,
+        *,
+        busy_live: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.prefill_s = 1.0 / prefill_tokens_per_s
         self._decode_s = 1.0 / decode_tokens_per_s
         self._max_wait_s = max_wait_s
+        # The engine's speed against the configured rates, learned while at least `busy_live` requests
+        # are live (None: never learned, the rates are taken as they are).
+        self.speed = 1.0
+        self._busy_live = busy_live
+        self._clock = clock
+        self._window_start: float | None = None
+        self._window_paid_s = 0.0
+        self._window_busy = False
+        self._logged_speed = 1.0
         # Engine seconds of work admitted and not yet done, at the saturated rates, and its tickets.
         self.backlog_s = 0.0
         self.live = 0
@@ -97,16 +132,55 @@ class WorkGate:
         if chars > 0:
             self.tokens_per_char += 0.2 * (tokens / chars - self.tokens_per_char)
 
+    def count(self, change: int) -> None:
+        """One ticket more (+1) or less (-1). A window is open while any ticket is live, and opens anew when
+        the engine becomes busy; it counts as busy only if the engine was busy all through it."""
+        self.live += change
+        if self._busy_live is None:
+            return
+        if self.live == 0:
+            self._window_start = None
+        elif change > 0 and self.live in (1, self._busy_live):
+            self._open_window()
+        elif self.live < self._busy_live:
+            self._window_busy = False
+
+    def observe(self, paid_s: float) -> None:
+        """The engine did `paid_s` configured seconds of work (a ticket's progress). A full window of a busy
+        engine moves the speed either way; one of a quieter engine only raises it (a few requests clear at
+        least that fast with more beside them), which also frees a speed measured during a stall that now
+        admits too little to make the engine busy again. Released work is not observed: a request that
+        stops early was not done."""
+        if self._window_start is None:
+            return
+        self._window_paid_s += paid_s
+        elapsed = self._clock() - self._window_start
+        if elapsed < self.WINDOW_S:
+            return
+        low, high = self.SPEED_BOUNDS
+        seen = min(high, max(low, self._window_paid_s / elapsed))
+        if self._window_busy or seen > self.speed:
+            self.speed += 0.5 * (seen - self.speed)
+        self._open_window()
+        if abs(math.log(self.speed / self._logged_speed)) > math.log(1.25):
+            logger.info("admission: the engine clears work at %.2fx the configured rates", self.speed)
+            self._logged_speed = self.speed
+
+    def _open_window(self) -> None:
+        self._window_start, self._window_paid_s = self._clock(), 0.0
+        self._window_busy = self._busy_live is not None and self.live >= self._busy_live
+
     def admit(self, prompt_tokens: int, max_tokens: int, deadline_s: float | None = None) -> WorkTicket:
         """A ticket for the request, or OverloadedError (`expected_wait`) when the backlog with it would
-        take longer than `max_wait_s` or the `deadline_s` left to the request. An idle engine admits any
-        request: one larger than the whole budget would otherwise never run."""
+        take longer than `max_wait_s` or the `deadline_s` left to the request, at the engine's `speed`.
+        An idle engine admits any request: one larger than the whole budget would otherwise never run."""
         own = prompt_tokens * self.prefill_s + max_tokens * self._decode_s
         limit = min(self._max_wait_s, math.inf if deadline_s is None else deadline_s)
-        if self.live and self.backlog_s + own > limit:
+        ahead_s, own_s = self.backlog_s / self.speed, own / self.speed
+        if self.live and ahead_s + own_s > limit:
             raise OverloadedError(
-                f"The engine has about {self.backlog_s:.1f} s of admitted work ahead of this request, which "
-                f"needs about {own:.1f} s more; more than the {limit:.1f} s it may wait. Retry later.",
+                f"The engine has about {ahead_s:.1f} s of admitted work ahead of this request, which "
+                f"needs about {own_s:.1f} s more; more than the {limit:.1f} s it may wait. Retry later.",
                 code="overloaded",
                 stage="ingress",
                 reason="expected_wait",
