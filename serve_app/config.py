@@ -269,9 +269,11 @@ class AdmissionConfig(Strict):
 
     learn_speed: bool = Field(
         default=True,
-        description="With the two rates set: measure how fast the engine clears work while busy (a quarter of "
-        "`engine.max_num_seqs` requests live or more) and scale every expected wait by it, so that rates measured on "
-        "one machine admit what another clears (`serve_graph_admission_speed` shows it). False: the rates as given.",
+        description="With the two rates set: measure how fast the engine clears admitted work and scale every "
+        "expected wait by it (serve_app/ingress/pipeline/engine_speed.py: busy windows, a quarter of "
+        "`engine.max_num_seqs` requests live or more, move it either way; quieter ones only raise it back towards "
+        "the rates), so that rates measured on one machine admit about what another clears "
+        "(`serve_graph_admission_speed` shows it). False: the rates as given.",
     )
 
     @model_validator(mode="after")

@@ -8,7 +8,7 @@ from serve_app.config import AdmissionConfig, AppArgs
 from serve_app.errors import BadRequestError, OverloadedError
 from serve_app.ingress.pipeline.generation import start_generation
 from serve_app.ingress.pipeline.services import Services
-from serve_app.ingress.pipeline.work_admission import WorkGate, WorkTicket, admit_prompt
+from serve_app.ingress.pipeline.work_admission import WorkGate, admit_prompt
 from serve_app.messages import (
     SamplingSpec,
     TextPrompt,
@@ -17,6 +17,7 @@ from serve_app.messages import (
 from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import CountingTokenizer, FakeLLM, HeldLLM
+from tests.unit.test_engine_speed import Clock, decode, learning_gate
 
 
 def gate(max_wait_s: float = 10.0) -> WorkGate:
@@ -157,30 +158,9 @@ def test_a_prompt_longer_than_the_context_can_spell_is_a_400_at_once(app_args: A
     admit_prompt(g, app_args, 100 * limit, None, max_tokens=1, deadline_s=None).release()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def busy_gate(clock: Clock, busy_live: int | None = 4) -> WorkGate:
-    # 10 ms per generated token, 90 s of wait; learning once 4 requests are live.
-    return WorkGate(prefill_tokens_per_s=1e6, decode_tokens_per_s=100, max_wait_s=90, busy_live=busy_live, clock=clock)
-
-
-def decode(clock: Clock, tickets: list[WorkTicket], seconds: float, tokens_per_s: float) -> None:
-    """The engine generates `tokens_per_s` over the batch, spread evenly over `tickets`, for `seconds`."""
-    for _ in range(int(seconds * 10)):
-        clock.now += 0.1
-        for ticket in tickets:
-            ticket.generated(round(tokens_per_s * 0.1 / len(tickets)))
-
-
 def test_a_busy_engine_slower_than_configured_is_given_less_work() -> None:
     clock = Clock()
-    g = busy_gate(clock)
+    g = learning_gate(clock)
     tickets = [g.admit(prompt_tokens=1, max_tokens=1000) for _ in range(4)]
     decode(clock, tickets, seconds=10, tokens_per_s=40)  # the rates say 100
     assert g.speed == pytest.approx(0.4, abs=0.01)
@@ -193,48 +173,9 @@ def test_a_busy_engine_slower_than_configured_is_given_less_work() -> None:
     assert len(admitted) == 3  # 75 s of the 90 it may wait: at the configured rates, 9
 
 
-def test_a_quiet_engine_can_only_raise_the_speed() -> None:
-    clock = Clock()
-    g = busy_gate(clock)
-    tickets = [g.admit(prompt_tokens=1, max_tokens=1000) for _ in range(3)]  # below busy_live
-    decode(clock, tickets, seconds=6, tokens_per_s=30)  # a few requests' pace is not the batch's
-    assert g.speed == 1.0
-    g.speed = 0.1  # as after a stall, now admitting too little to make the engine busy again
-    decode(clock, tickets, seconds=6, tokens_per_s=30)  # 0.3 of the configured rate, even quiet
-    assert g.speed == pytest.approx(0.3, abs=0.01)
-    never = busy_gate(clock, busy_live=None)
-    decode(clock, [never.admit(prompt_tokens=1, max_tokens=1000) for _ in range(8)], seconds=3, tokens_per_s=16)
-    assert never.speed == 1.0
-
-
-def test_a_quiet_spell_between_busy_ones_is_not_counted() -> None:
-    clock = Clock()
-    g = busy_gate(clock)
-    tickets = [g.admit(prompt_tokens=1, max_tokens=1000) for _ in range(4)]
-    decode(clock, tickets, seconds=0.5, tokens_per_s=40)
-    tickets.pop().release()  # three live: the window closes
-    decode(clock, tickets, seconds=5, tokens_per_s=30)  # a lone request's pace is not the engine's
-    clock.now += 60.0  # nor is a minute of quiet
-    tickets.append(g.admit(prompt_tokens=1, max_tokens=1000))
-    decode(clock, tickets, seconds=0.1, tokens_per_s=40)  # ends the window that held the quiet minute
-    assert g.speed == 1.0
-    decode(clock, tickets, seconds=8, tokens_per_s=40)
-    assert g.speed == pytest.approx(0.4, abs=0.01)
-
-
-def test_the_first_busy_second_counts() -> None:
-    clock = Clock()
-    g = busy_gate(clock)
-    tickets = [g.admit(prompt_tokens=1, max_tokens=1000)]  # a quiet window opens
-    clock.now += 0.5
-    tickets += [g.admit(prompt_tokens=1, max_tokens=1000) for _ in range(3)]  # busy: a busy one opens
-    decode(clock, tickets, seconds=1, tokens_per_s=40)
-    assert g.speed == pytest.approx(0.7, abs=0.03)  # half way from 1 to the 0.4 seen
-
-
 def test_work_given_back_unfinished_is_not_speed() -> None:
     clock = Clock()
-    g = busy_gate(clock)
+    g = learning_gate(clock)
     steady = [g.admit(prompt_tokens=1, max_tokens=1000) for _ in range(4)]
     for _ in range(100):  # 10 s at the configured 100 tokens/s, and 10 requests a second that stop at once
         clock.now += 0.1
@@ -246,24 +187,23 @@ def test_work_given_back_unfinished_is_not_speed() -> None:
     assert g.speed == pytest.approx(1.1, abs=0.02)  # counting the 10 s given back would read 100x
 
 
-def test_services_show_the_speed_and_learn_only_when_asked(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
+def test_services_learn_from_the_engines_batch_and_show_the_speed(
+    app_args: AppArgs, tokenizer_stage: TokenizerStage
+) -> None:
     rates = {"prefill_tokens_per_s": 1e6, "decode_tokens_per_s": 100, "max_wait_s": 3600}
     learning = Services.create(
         app_args.model_copy(update={"admission": AdmissionConfig(**rates)}), LocalTokenizer(tokenizer_stage), FakeLLM()
     )
-    assert learning.work is not None
-    learning.work.speed = 0.4
+    assert learning.work is not None and learning.work.meter is not None
+    assert learning.work.meter.busy_live == app_args.engine.max_num_seqs // 4
+    learning.work.meter.speed = 0.4
     assert b"serve_graph_admission_speed 0.4" in learning.metrics.render()
     fixed = Services.create(
         app_args.model_copy(update={"admission": AdmissionConfig(**rates, learn_speed=False)}),
         LocalTokenizer(tokenizer_stage),
         FakeLLM(),
     )
-    assert fixed.work is not None
+    assert fixed.work is not None and fixed.work.meter is None
     assert b"serve_graph_admission_speed 1.0" in fixed.metrics.render()
-    tickets = [fixed.work.admit(prompt_tokens=1, max_tokens=10) for _ in range(fixed.args.engine.max_num_seqs)]
-    for ticket in tickets:
-        ticket.generated(1)
-    assert fixed.work._window_start is None and fixed.work.speed == 1.0
     by_count = Services.create(app_args, LocalTokenizer(tokenizer_stage), FakeLLM())
     assert b"admission_speed" not in by_count.metrics.render()

@@ -61,8 +61,8 @@ class IngressMetrics:
         """The gauge of a model admitted by work (`work_admission.py`); other models have none."""
         Gauge(
             "serve_graph_admission_speed",
-            "How fast the engine clears admitted work against admission's configured rates, as measured while it "
-            "was busy (1: as configured; 0.5: half as fast, so half as much is admitted).",
+            "How fast the engine clears admitted work against admission's configured rates, as learned from the "
+            "traffic (1: as configured; 0.5: half as fast, so half as much is admitted; engine_speed.py).",
             registry=self.registry,
         ).set_function(speed)
 

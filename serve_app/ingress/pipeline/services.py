@@ -48,13 +48,14 @@ class Services:
         admission = self.args.admission
         self.work = None
         if admission.prefill_tokens_per_s is not None and admission.decode_tokens_per_s is not None:
-            busy = max(1, self.args.engine.max_num_seqs // 4) if admission.learn_speed else None
-            gate = self.work = WorkGate(
-                admission.prefill_tokens_per_s, admission.decode_tokens_per_s, admission.max_wait_s, busy_live=busy
+            seqs = self.args.engine.max_num_seqs if admission.learn_speed else None
+            work = WorkGate(
+                admission.prefill_tokens_per_s, admission.decode_tokens_per_s, admission.max_wait_s, max_num_seqs=seqs
             )
-            self.metrics.show_admission_speed(lambda: gate.speed)
+            self.metrics.show_admission_speed(lambda: work.speed)
             if isinstance(self.tokenizer, InlineTokenizer):  # the ingress's own tokenizer copy knows its bound
-                self.work.max_chars_per_token = self.tokenizer.max_chars_per_token
+                work.max_chars_per_token = self.tokenizer.max_chars_per_token
+            self.work = work
 
     @classmethod
     def create(

@@ -10,12 +10,9 @@ over the requests admitted and not finished, less what they have generated so fa
 share is paid off at the first token. It is an estimate at full batch: a lone request decodes slower
 than the batch rate, but then nothing waits behind it.
 
-The rates are the configured ones at first. With `admission.learn_speed`, the gate then measures how
-fast the engine really clears work while it is busy (at least a quarter of `engine.max_num_seqs`
-requests live), as configured seconds paid off per second, and divides every wait by that speed: the
-same config admits what this machine's engine clears in `max_wait_s`, on a CPU twice as slow as the
-one it was measured on, or beside other engines that take its cores. A quieter engine may only raise
-the speed: a lone request decodes far below the batch rate, and that speed would refuse the next burst.
+The rates are the configured ones at first. With `admission.learn_speed`, the gate divides every
+wait by the speed at which the engine really clears admitted work (`engine_speed.py`), so that rates
+measured on one machine admit about what another one's engine clears in `max_wait_s`.
 
 A request is weighed when it arrives, before the tokenizer stage, so a refusal costs no tokenizer
 work and does not wait in its queue: its prompt's characters times the tokens per character of the
@@ -29,15 +26,13 @@ such prompts would pile on.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable
 
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, OverloadedError
-
-logger = logging.getLogger(__name__)
+from serve_app.ingress.pipeline.engine_speed import EngineSpeed
 
 
 class WorkTicket:
@@ -89,11 +84,6 @@ class WorkGate:
     # English prose is ~0.25 for Llama-3's tokenizer; the tiny local model's gives 0.22 on the bench's
     # prompts and 0.37 on this repository's README. A little heavy rather than light.
     FIRST_TOKENS_PER_CHAR = 0.3
-    # The speed is measured over windows this long, each moving it half way to what it saw: a burst's
-    # first seconds correct it, one slow second does not halve it.
-    WINDOW_S = 1.0
-    # What one window may make of it: a measurement outside these is a fault, not a machine.
-    SPEED_BOUNDS = (0.1, 10.0)
 
     def __init__(
         self,
@@ -101,21 +91,15 @@ class WorkGate:
         decode_tokens_per_s: float,
         max_wait_s: float,
         *,
-        busy_live: int | None = None,
+        max_num_seqs: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.prefill_s = 1.0 / prefill_tokens_per_s
         self._decode_s = 1.0 / decode_tokens_per_s
         self._max_wait_s = max_wait_s
-        # The engine's speed against the configured rates, learned while at least `busy_live` requests
-        # are live (None: never learned, the rates are taken as they are).
-        self.speed = 1.0
-        self._busy_live = busy_live
-        self._clock = clock
-        self._window_start: float | None = None
-        self._window_paid_s = 0.0
-        self._window_busy = False
-        self._logged_speed = 1.0
+        # How fast the engine clears work against the configured rates, learned from the engine's
+        # `max_num_seqs` (None: not learned, the rates are taken as they are).
+        self.meter = None if max_num_seqs is None else EngineSpeed(max_num_seqs, clock)
         # Engine seconds of work admitted and not yet done, at the saturated rates, and its tickets.
         self.backlog_s = 0.0
         self.live = 0
@@ -132,43 +116,21 @@ class WorkGate:
         if chars > 0:
             self.tokens_per_char += 0.2 * (tokens / chars - self.tokens_per_char)
 
+    @property
+    def speed(self) -> float:
+        return 1.0 if self.meter is None else self.meter.speed
+
     def count(self, change: int) -> None:
-        """One ticket more (+1) or less (-1). A window is open while any ticket is live, and opens anew when
-        the engine becomes busy; it counts as busy only if the engine was busy all through it."""
+        """One ticket more (+1) or less (-1)."""
         self.live += change
-        if self._busy_live is None:
-            return
-        if self.live == 0:
-            self._window_start = None
-        elif change > 0 and self.live in (1, self._busy_live):
-            self._open_window()
-        elif self.live < self._busy_live:
-            self._window_busy = False
+        if self.meter is not None:
+            self.meter.live_changed(self.live, from_idle=change > 0 and self.live == 1)
 
     def observe(self, paid_s: float) -> None:
-        """The engine did `paid_s` configured seconds of work (a ticket's progress). A full window of a busy
-        engine moves the speed either way; one of a quieter engine only raises it (a few requests clear at
-        least that fast with more beside them), which also frees a speed measured during a stall that now
-        admits too little to make the engine busy again. Released work is not observed: a request that
-        stops early was not done."""
-        if self._window_start is None:
-            return
-        self._window_paid_s += paid_s
-        elapsed = self._clock() - self._window_start
-        if elapsed < self.WINDOW_S:
-            return
-        low, high = self.SPEED_BOUNDS
-        seen = min(high, max(low, self._window_paid_s / elapsed))
-        if self._window_busy or seen > self.speed:
-            self.speed += 0.5 * (seen - self.speed)
-        self._open_window()
-        if abs(math.log(self.speed / self._logged_speed)) > math.log(1.25):
-            logger.info("admission: the engine clears work at %.2fx the configured rates", self.speed)
-            self._logged_speed = self.speed
-
-    def _open_window(self) -> None:
-        self._window_start, self._window_paid_s = self._clock(), 0.0
-        self._window_busy = self._busy_live is not None and self.live >= self._busy_live
+        """Admitted work worth `paid_s` configured seconds came out of the engine (not work given back
+        unfinished: a request that stops early was not done)."""
+        if self.meter is not None:
+            self.meter.paid(paid_s)
 
     def admit(self, prompt_tokens: int, max_tokens: int, deadline_s: float | None = None) -> WorkTicket:
         """A ticket for the request, or OverloadedError (`expected_wait`) when the backlog with it would
