@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from serve_app.ingress.pipeline.engine_speed import EngineSpeed
 from serve_app.ingress.pipeline.work_admission import WorkGate, WorkTicket
 
 
@@ -111,6 +112,24 @@ def test_idle_time_is_no_window() -> None:
     tickets = admit(g, 4)
     decode(clock, tickets, seconds=1, tokens_per_s=80)
     assert g.speed == pytest.approx(0.9, abs=0.04)  # half way to 0.8; a window spanning the 2 s would be quiet
+
+
+def test_progress_reported_after_the_last_release_is_ignored() -> None:
+    clock = Clock()
+    g = learning_gate(clock)
+    tickets = admit(g, 4)
+    assert g.meter is not None
+    g.meter.speed = 0.1
+    decode(clock, tickets, seconds=0.5, tokens_per_s=80)
+    for ticket in tickets:
+        ticket.release()
+    clock.now += 3.0
+    tickets[0].generated(1)  # a late chunk of a released request: no window spanning the idle 3 s (0.11 seen)
+    assert g.speed == 0.1
+
+
+def test_the_busy_mark_is_a_quarter_of_the_batch_rounded_up() -> None:
+    assert [EngineSpeed(n, Clock()).busy_live for n in (1, 4, 5, 16, 64, 65)] == [1, 1, 2, 4, 16, 17]
 
 
 def test_a_stall_is_dropped_not_learned() -> None:

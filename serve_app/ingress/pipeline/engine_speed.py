@@ -6,7 +6,8 @@ its cores, admitted requests wait twice the `max_wait_s` they were promised. The
 configured engine-seconds that admitted requests pay off as their tokens come out, over windows of
 `WINDOW_S`, and moves the speed half way to each window's rate:
 
-- a window counts as busy when at least a quarter of `engine.max_num_seqs` requests were live for
+- a window counts as busy when at least a quarter of `engine.max_num_seqs` requests (rounded up: one
+  for an engine of 4 or fewer) were live for
   `BUSY_SHARE` of it: the batch is then large enough for the batch rates the config gives, and the
   window may lower the speed as well as raise it;
 - a quieter window may only raise the speed, and not past the configured rates: a lone request decodes
@@ -17,7 +18,8 @@ configured engine-seconds that admitted requests pay off as their tokens come ou
 Limits: requests whose budget is large (no `max_tokens`, thousands of tokens each) fit too few at once
 to make the engine busy, so such traffic never lowers the speed. A prompt is paid at the configured
 prefill rate even when the engine's prefix cache skips most of it, so cached traffic reads fast. A
-request's tokens count when the ingress takes them, so slow readers read slow. A burst's first
+request's tokens count when the ingress takes them, so slow readers read slow. Requests shorter than a
+window with the engine idle between them never complete one, so they teach nothing. A burst's first
 window includes its requests' way to the engine (the tokenizer, the hop): time its work really takes.
 """
 
@@ -43,16 +45,18 @@ class EngineSpeed:
 
     def __init__(self, max_num_seqs: int, clock: Callable[[], float]) -> None:
         self.speed = 1.0
-        self.busy_live = max(1, max_num_seqs // self.SEQS_PER_BUSY)
+        self.busy_live = -(-max_num_seqs // self.SEQS_PER_BUSY)
         self._clock = clock
         self._start = 0.0
         self._paid_s = 0.0
         self._busy_s = 0.0  # busy seconds of this window before `_busy_since`
         self._busy_since: float | None = None
+        self._live = 0
         self._logged = 1.0
 
     def live_changed(self, live: int, from_idle: bool) -> None:
         """The gate's live tickets became `live` (`from_idle`: the first after none): busy time is counted."""
+        self._live = live
         now = self._clock()
         if from_idle:  # a fresh window: the idle time before it is no measure of the engine
             self._start, self._paid_s, self._busy_s, self._busy_since = now, 0.0, 0.0, None
@@ -65,6 +69,8 @@ class EngineSpeed:
 
     def paid(self, seconds: float) -> None:
         """Admitted requests' progress worth `seconds` of configured engine time came out of the engine."""
+        if self._live == 0:  # a straggler after the last release: the window may span idle time
+            return
         self._paid_s += seconds
         now = self._clock()
         elapsed = now - self._start
