@@ -137,7 +137,7 @@ def test_the_page_from_committed_results_end_to_end(tmp_path: Path) -> None:
         assert png.read_bytes().startswith(b"\x89PNG")
 
     text = page.read_text()
-    assert "## chat (random 8 in / 2 out), concurrency 1, 8, 1 s x 1 rounds per target and level" in text
+    assert "## 10-text: chat (random 8 in / 2 out), concurrency 1, 8, 1 s x 1 rounds per target and level" in text
     assert "![req/s and latency against the load level](benchmarks/10-text-load.png)" in text
     assert "![/health latency over the run](benchmarks/10-text-health.png)" in text
     assert "| graph | 1 | 1 | 0 | 1.00 |" in text and "| vllm | 8 | 16 | 0 | 16.00 |" in text
