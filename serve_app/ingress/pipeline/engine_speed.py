@@ -51,15 +51,13 @@ class EngineSpeed:
         self._paid_s = 0.0
         self._busy_s = 0.0  # busy seconds of this window before `_busy_since`
         self._busy_since: float | None = None
-        self._live = 0
         self._logged = 1.0
 
     def live_changed(self, live: int, from_idle: bool) -> None:
         """The gate's live tickets became `live` (`from_idle`: the first after none): busy time is counted."""
-        self._live = live
         now = self._clock()
         if from_idle:  # a fresh window: the idle time before it is no measure of the engine
-            self._start, self._paid_s, self._busy_s, self._busy_since = now, 0.0, 0.0, None
+            self._open(now)
         busy = live >= self.busy_live
         if busy and self._busy_since is None:
             self._busy_since = now
@@ -68,9 +66,8 @@ class EngineSpeed:
             self._busy_since = None
 
     def paid(self, seconds: float) -> None:
-        """Admitted requests' progress worth `seconds` of configured engine time came out of the engine."""
-        if self._live == 0:  # a straggler after the last release: the window may span idle time
-            return
+        """Admitted requests' progress worth `seconds` of configured engine time came out of the engine,
+        while some are live (else the window may span idle time)."""
         self._paid_s += seconds
         now = self._clock()
         elapsed = now - self._start
@@ -84,9 +81,13 @@ class EngineSpeed:
                 self.speed += 0.5 * (seen - self.speed)
             elif seen > self.speed and self.speed < 1.0:
                 self.speed += 0.5 * (min(seen, 1.0) - self.speed)
-        self._start, self._paid_s, self._busy_s = now, 0.0, 0.0
-        if self._busy_since is not None:
-            self._busy_since = now
+        self._open(now)
         if abs(math.log(self.speed / self._logged)) > math.log(1.25):
             logger.info("admission: the engine clears work at %.2fx the configured rates", self.speed)
             self._logged = self.speed
+
+    def _open(self, now: float) -> None:
+        """A new window from `now`; a busy spell going on counts in it from `now`."""
+        self._start, self._paid_s, self._busy_s = now, 0.0, 0.0
+        if self._busy_since is not None:
+            self._busy_since = now

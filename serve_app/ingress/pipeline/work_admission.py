@@ -61,8 +61,7 @@ class WorkTicket:
         paid = self._prompt_s + self._per_token * min(tokens, self._tokens_left)
         self._prompt_s = 0.0
         self._tokens_left = max(0, self._tokens_left - tokens)
-        self._gate.observe(min(paid, self.remaining_s))
-        self._pay(paid)
+        self._gate.observe(self._pay(paid))
 
     def release(self) -> None:
         """The request ended (finished, failed or cancelled): its unpaid work leaves the backlog. Idempotent."""
@@ -73,10 +72,12 @@ class WorkTicket:
             if self._gate.live == 0:
                 self._gate.backlog_s = 0.0  # no float residue may keep an idle engine "busy"
 
-    def _pay(self, seconds: float) -> None:
+    def _pay(self, seconds: float) -> float:
+        """Takes up to `seconds` off the backlog; returns what it took."""
         seconds = min(seconds, self.remaining_s)
         self.remaining_s -= seconds
         self._gate.backlog_s = max(0.0, self._gate.backlog_s - seconds)
+        return seconds
 
 
 class WorkGate:
@@ -128,8 +129,9 @@ class WorkGate:
 
     def observe(self, paid_s: float) -> None:
         """Admitted work worth `paid_s` configured seconds came out of the engine (not work given back
-        unfinished: a request that stops early was not done)."""
-        if self.meter is not None:
+        unfinished: a request that stops early was not done; nor a late chunk after the last release,
+        which would close a window spanning idle time)."""
+        if self.meter is not None and self.live:
             self.meter.paid(paid_s)
 
     def admit(self, prompt_tokens: int, max_tokens: int, deadline_s: float | None = None) -> WorkTicket:
