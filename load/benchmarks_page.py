@@ -53,7 +53,9 @@ settings; `baseline` is the same ingress app and stage classes in one uvicorn pr
 decoding images in thread pools (what vLLM does since vLLM PRs #34789 and #10635); `baseline_loop` tokenizes
 on the event loop (vLLM before PR #10635); `engine_direct` is the engine called in-process with
 token ids. "CPU ms/req outside engine" is the CPU time (user + system) of a target's processes other
-than vLLM's engine, per successful request (load/bench/cpu.py).
+than vLLM's engine, per successful request (load/bench/cpu.py); "above rest" is the same less what
+those processes spend with nothing sent, read for `--rest` seconds before the first cell (runs from
+2026-11-26 on; "-" before).
 """
 
 

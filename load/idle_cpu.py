@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,15 +50,7 @@ def measure(urls: Mapping[str, str], seconds: float) -> dict[str, dict[str, Any]
     meter, missing = cpu.meter({}, urls)
     if missing:
         raise SystemExit(f"no process of this machine listens for {', '.join(missing)}")
-    before = meter.snapshot()
-    time.sleep(seconds)
-    after = meter.snapshot()
-    result = {}
-    for name in urls:
-        cell = meter.measure(name, before, after)
-        assert cell is not None  # every target was found above
-        result[name] = shares(cell)
-    return result
+    return {name: shares(cell) for name, cell in cpu.at_rest(meter, list(urls), seconds).items()}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -125,6 +125,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "or --duration if longer)",
     )  # fmt: skip
     p.add_argument("--no-cpu", action="store_true", help="do not read the targets' processes' CPU time")
+    p.add_argument(
+        "--rest", type=float, default=10.0, metavar="SECONDS",
+        help="before the first cell, read every target's CPU this long with nothing sent (its background, "
+        "which the tables subtract for the CPU per request above rest); 0: not read",
+    )  # fmt: skip
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     opts = p.parse_args(argv)
@@ -247,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         meter, unmeasured = cpu.meter(pids, opts.urls) if not opts.no_cpu else (None, [])
         if unmeasured:
             print(f"CPU not measured for {', '.join(unmeasured)}: no process of this machine listens on its port")
+        rest = cpu.at_rest(meter, list(urls), opts.rest) if meter and opts.rest > 0 else {}
         bar = Bar(len(levels) * opts.rounds * len(urls), disable=opts.no_progress)
         try:
             runner = Runner(
@@ -261,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     target_info = {name: {"url": urls[name], "model": m.name, "max_model_len": m.max_model_len,
                           "cpu_scope": scopes[name].describe() if name in scopes else None}
                    for name, m in models.items()}  # fmt: skip
-    document = report.build(cells, workload, target_info, config, opts.slos_ms, opts.underrun_threshold_ms)
+    document = report.build(cells, workload, target_info, config, opts.slos_ms, opts.underrun_threshold_ms, rest)
     results: dict[str, Any] = report.jsonable(document)
     results.update(run_meta("load.bench", list(argv) if argv is not None else None), kind="bench", label=opts.label,
                    handicapped=opts.handicapped)  # fmt: skip

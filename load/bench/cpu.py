@@ -21,6 +21,11 @@ workers `ray::ServeReplica:<app>:<deployment>` (role `<app>:<deployment>`, repli
 daemons by their command; `vllm serve`'s API server and the baseline by theirs. A process matching
 none (a multiprocessing helper, a compile worker) takes its nearest ancestor's role.
 
+A target also spends CPU with no request in flight (Ray's and Serve's own loops, health checks, the
+idle replicas of other models): before the first cell the bench reads each target at rest
+(`at_rest`, `--rest`), and each level then shows, besides the CPU per request, what it spent above
+that rest per request. Cores a deployment needs: its share at rest plus that times the request rate.
+
 Not counted: CPU of a process that exited during the cell (it is gone by the second reading) and of
 children a process reaped (the kernel adds those to the parent's children's times, which would
 count a child's whole life in one cell).
@@ -195,6 +200,16 @@ class Meter:
         return None if scope is None else usage(before, after, scope)
 
 
+def at_rest(
+    meter: Meter, names: Sequence[str], seconds: float, sleep: Callable[[float], None] = time.sleep
+) -> dict[str, CellCpu]:
+    """Each named target's CPU over `seconds` in which nothing is sent to it (the names the meter has)."""
+    before = meter.snapshot()
+    sleep(seconds)
+    after = meter.snapshot()
+    return {name: cell for name in names if (cell := meter.measure(name, before, after)) is not None}
+
+
 def meter(
     started: Mapping[str, int], urls: Mapping[str, str], list_procs: Callable[[], list[Proc]] = rss.list_processes,
     listeners: Listeners = listening_pids,
@@ -213,9 +228,15 @@ def meter(
     return Meter(found, list_procs), missing
 
 
-def pool(cells: Sequence[CellCpu | None], requests: int) -> dict[str, Any] | None:
+def _rest_share(rest: CellCpu, role: str) -> float:
+    return rest.roles[role].cpu_s / rest.wall_s if role in rest.roles else 0.0
+
+
+def pool(cells: Sequence[CellCpu | None], requests: int, rest: CellCpu | None = None) -> dict[str, Any] | None:
     """The cells of one target and level added up: per role, CPU ms per successful request and share
-    of a core; `outside_engine_ms_per_request` sums every role but the engine. None when not measured."""
+    of a core; `outside_engine_ms_per_request` sums every role but the engine. With the target's `rest`
+    (`at_rest`): each role's share of a core at rest, and `above_rest_ms_per_request`, the CPU outside the
+    engine beyond what it spends at rest over the same wall time, per request. None when not measured."""
     measured = [c for c in cells if c is not None]
     if not measured:
         return None
@@ -232,14 +253,21 @@ def pool(cells: Sequence[CellCpu | None], requests: int) -> dict[str, Any] | Non
             "processes": max(c.roles[role].processes for c in measured if role in c.roles),
             "cpu_s": cpu_s, "ms_per_request": per_request(cpu_s), "core_share": cpu_s / wall_s,
         }  # fmt: skip
+        if rest is not None:
+            summary[role]["rest_core_share"] = _rest_share(rest, role)
     outside_s = sum(s["cpu_s"] for role, s in summary.items() if role != ENGINE)
     engine_s = summary.get(ENGINE, {}).get("cpu_s", 0.0)
-    return {
+    pooled = {
         "wall_s": wall_s, "requests": requests, "roles": summary,
         "outside_engine_ms_per_request": per_request(outside_s) if roles else math.nan,
         "outside_engine_core_share": outside_s / wall_s if roles else math.nan,
         "engine_ms_per_request": per_request(engine_s) if ENGINE in summary else math.nan,
     }  # fmt: skip
+    if rest is not None:
+        rest_share = sum(_rest_share(rest, role) for role in rest.roles if role != ENGINE)
+        pooled["rest_outside_engine_core_share"] = rest_share
+        pooled["above_rest_ms_per_request"] = per_request(outside_s - rest_share * wall_s) if roles else math.nan
+    return pooled
 
 
 def outside_engine_ms(metrics: Mapping[str, Any]) -> float | None:
@@ -248,45 +276,54 @@ def outside_engine_ms(metrics: Mapping[str, Any]) -> float | None:
     return None if cpu is None else cpu["outside_engine_ms_per_request"]
 
 
+def above_rest_ms(metrics: Mapping[str, Any]) -> float | None:
+    """The same above the target's rest; None when not measured (or, in older results, no rest read)."""
+    cpu = metrics.get("cpu")
+    return None if cpu is None else cpu.get("above_rest_ms_per_request")
+
+
 def _num(value: float | None, digits: int) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 
 
 def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[str]:
-    """Per target and level, each role's CPU ms per successful request and share of a core, the roles
-    outside the engine summed; a warning where a target's processes include several Serve clusters."""
+    """Per target and level, each role's CPU ms per successful request, share of a core, and share at rest
+    where it was read; the roles outside the engine summed; a warning where a target's processes include
+    several Serve clusters."""
     measured = [(level, name, m["cpu"]) for level, name, m in rows if m.get("cpu") is not None]
     if not measured:
         return []
     lines = [
         "",
-        "CPU time by process role, per successful request and as a share of one core (user + system, read "
-        "before and after each cell; load/bench/cpu.py)",
+        "CPU time by process role, per successful request and as a share of one core, under load and at rest "
+        "(user + system, read before and after each cell, and over `--rest` seconds before the first; "
+        "load/bench/cpu.py)",
         "",
-        f"| target | {level_name} | role | processes | CPU ms/req | share of a core |",
-        "|---|---:|---|---:|---:|---:|",
+        f"| target | {level_name} | role | processes | CPU ms/req | share of a core | at rest |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     mixed = []
     for level, name, cpu in measured:
         roles = cpu["roles"]
         if not roles:
-            lines.append(f"| {name} | {level} | no process found | - | - | - |")
+            lines.append(f"| {name} | {level} | no process found | - | - | - | - |")
             continue
         outside = [(role, s) for role, s in roles.items() if role != ENGINE]
         for role, s in sorted(outside, key=lambda item: -item[1]["cpu_s"]):
             lines.append(
                 f"| {name} | {level} | {role} | {s['processes']} | {_num(s['ms_per_request'], 2)} "
-                f"| {_num(s['core_share'], 3)} |"
+                f"| {_num(s['core_share'], 3)} | {_num(s.get('rest_core_share'), 3)} |"
             )
         lines.append(
             f"| {name} | {level} | **{OUTSIDE}** | {sum(s['processes'] for _, s in outside)} "
-            f"| **{_num(cpu['outside_engine_ms_per_request'], 2)}** | **{_num(cpu['outside_engine_core_share'], 3)}** |"
+            f"| **{_num(cpu['outside_engine_ms_per_request'], 2)}** | **{_num(cpu['outside_engine_core_share'], 3)}** "
+            f"| **{_num(cpu.get('rest_outside_engine_core_share'), 3)}** |"
         )
         if ENGINE in roles:
             s = roles[ENGINE]
             lines.append(
                 f"| {name} | {level} | {ENGINE} | {s['processes']} | {_num(s['ms_per_request'], 2)} "
-                f"| {_num(s['core_share'], 3)} |"
+                f"| {_num(s['core_share'], 3)} | {_num(s.get('rest_core_share'), 3)} |"
             )
         if roles.get(rss.CONTROLLER, {}).get("processes", 0) > 1:
             mixed.append(f"{name} @ {level}")

@@ -37,9 +37,11 @@ def level_key(level: float) -> str:
 def build(
     cells: Sequence[CellResult], workload: Workload, targets: dict[str, dict[str, Any]], config: dict[str, Any],
     slos_ms: dict[str, float], underrun_threshold_ms: float = metrics.UNDERRUN_THRESHOLD_MS,
+    rest: Mapping[str, cpu.CellCpu] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Per target and level, the metrics of all rounds pooled (durations added up); per cell, a short
-    line to judge the spread between rounds; the /health samples on the run's time axis."""
+    """Per target and level, the metrics of all rounds pooled (durations added up), CPU also above the
+    target's `rest` (`cpu.at_rest`); per cell, a short line to judge the spread between rounds; the
+    /health samples on the run's time axis."""
 
     def compute(records: Sequence[RequestRecord], duration_s: float) -> dict[str, Any]:
         if workload.endpoint == "speech":
@@ -54,7 +56,7 @@ def build(
             pooled = compute([r for c in mine for r in c.records], sum(c.duration_s for c in mine))
             pooled["health_ms"] = health.summarize([s for c in mine for s in c.health])
             pooled["client_loop_lag_ms"] = summary_ms([lag for c in mine for lag in c.loop_lag])
-            pooled["cpu"] = cpu.pool([c.cpu for c in mine], pooled["completed"])
+            pooled["cpu"] = cpu.pool([c.cpu for c in mine], pooled["completed"], (rest or {}).get(name))
             results[name][level_key(level)] = pooled
     return {
         "config": config,
@@ -123,6 +125,7 @@ def _num_pair(summary: dict[str, float] | None) -> str:
 
 Row = tuple[str, str, dict[str, Any]]  # level, target, its pooled metrics
 CPU_COLUMN = "CPU ms/req outside engine"
+ABOVE_REST_COLUMN = "above rest"
 
 
 def _text_tables(results: dict[str, Any], level_name: str, rows: list[Row]) -> list[str]:
@@ -131,15 +134,16 @@ def _text_tables(results: dict[str, Any], level_name: str, rows: list[Row]) -> l
         f"Throughput and `/health` under load (goodput: {slos}; /health in ms)",
         "",
         f"| target | {level_name} | ok | failed | req/s | out tok/s | goodput req/s | /health p50 | p95 | p99 | max "
-        f"| {CPU_COLUMN} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {CPU_COLUMN} | {ABOVE_REST_COLUMN} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for level, name, m in rows:
         h = m["health_ms"]
         lines.append(
             f"| {name} | {level} | {m['completed']} | {m['failed']} | {_num(m['request_throughput'], 2)} "
             f"| {_num(m['output_throughput'])} | {_num(m['request_goodput'], 2)} | {_num(h['p50'], 2)} "
-            f"| {_num(h['p95'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} | {_num(cpu.outside_engine_ms(m), 2)} |"
+            f"| {_num(h['p95'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} | {_num(cpu.outside_engine_ms(m), 2)} "
+            f"| {_num(cpu.above_rest_ms(m), 2)} |"
         )
     lines += [
         "",
@@ -165,8 +169,8 @@ def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
         f"TTFA, underrun and /health in ms; ⚠: fewer than {metrics.MIN_STREAMS} streams",
         "",
         f"| target | {level_name} | ok | failed | rejected | req/s | audio s/s | TTFA p50 | TTFA p99 | RTF p50 "
-        f"| RTF p99 | underrun rate | underrun p99 | /health p50 | p99 | max | {CPU_COLUMN} |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| RTF p99 | underrun rate | underrun p99 | /health p50 | p99 | max | {CPU_COLUMN} | {ABOVE_REST_COLUMN} |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     few = [f"{name} @ {level}: {m['completed']}" for level, name, m in rows if m["completed"] < metrics.MIN_STREAMS]
     for level, name, m in rows:
@@ -177,7 +181,7 @@ def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
             f"| {_num(m['request_throughput'], 2)} | {_num(m['audio_throughput'], 2)} | {_num(ttfa['p50'])} "
             f"| {_num(ttfa['p99'])} | {_num(rtf['p50'], 3)} | {_num(rtf['p99'], 3)} | {_num(m['underrun_rate'], 3)} "
             f"| {_num(m['underrun_ms']['p99'])} | {_num(h['p50'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} "
-            f"| {_num(cpu.outside_engine_ms(m), 2)} |"
+            f"| {_num(cpu.outside_engine_ms(m), 2)} | {_num(cpu.above_rest_ms(m), 2)} |"
         )
     if few:
         lines += ["", f"**Too few streams** (fewer than {metrics.MIN_STREAMS} succeeded; their percentiles are not fit "
@@ -240,11 +244,11 @@ def _vs_graph(results: dict[str, Any], level_name: str, speech: bool) -> list[st
     latency, label = ("ttfa_ms", "TTFA") if speech else ("ttft_ms", "TTFT")
     lines = [
         "",
-        f"Graph / other target at the same level (req/s below 1x: the graph serves less; {label} p50 above 1x: "
-        "the graph answers later)",
+        f"Graph / other target at the same level (req/s below 1x: the graph serves less; {label} p50 and CPU "
+        "above 1x: the graph answers later, spends more per request)",
         "",
-        f"| other | {level_name} | req/s ratio | {label} p50 ratio |",
-        "|---|---:|---:|---:|",
+        f"| other | {level_name} | req/s ratio | {label} p50 ratio | {CPU_COLUMN} ratio | {ABOVE_REST_COLUMN} ratio |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for level in results["levels"]:
         graph = results["results"]["graph"][level]
@@ -253,7 +257,9 @@ def _vs_graph(results: dict[str, Any], level_name: str, speech: bool) -> list[st
             flag = "graph" in handicapped or name in handicapped
             lines.append(
                 f"| {name} | {level} | {ratio(graph['request_throughput'], other['request_throughput'], flag)} "
-                f"| {ratio(graph[latency]['p50'], other[latency]['p50'], flag)} |"
+                f"| {ratio(graph[latency]['p50'], other[latency]['p50'], flag)} "
+                f"| {ratio(cpu.outside_engine_ms(graph), cpu.outside_engine_ms(other), flag)} "
+                f"| {ratio(cpu.above_rest_ms(graph), cpu.above_rest_ms(other), flag)} |"
             )
     return lines + handicap_notes({n: r for n, r in handicapped.items() if n in results["targets"]})
 

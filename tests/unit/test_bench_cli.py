@@ -27,7 +27,7 @@ def test_two_targets_interleaved(url: str, tmp_path: Path) -> None:
     results = main([
         "--target", f"a={url}", "--target", f"b={url}/", "--concurrency", "1", "2", "--duration", "0.3",
         "--rounds", "2", "--input-len", "16", "--output-len", "4", "--goodput", "ttft:10000", "tpot:10000",
-        "--health-interval", "0.05", "--out", str(tmp_path), "--no-progress",
+        "--health-interval", "0.05", "--rest", "0.2", "--out", str(tmp_path), "--no-progress",
     ])  # fmt: skip
     assert [c["target"] for c in results["cells"]] == ["a", "b", "b", "a", "b", "a", "a", "b"]
     for target in ("a", "b"):
@@ -38,6 +38,8 @@ def test_two_targets_interleaved(url: str, tmp_path: Path) -> None:
             assert m["total_input_tokens"] == 16 * m["completed"]
             assert m["request_goodput"] == m["request_throughput"]
             assert m["health_ms"]["n"] > 0 and m["health_ms"]["failures"] == 0
+            # The server listens in this process: read at rest first, then above it per request.
+            assert m["cpu"]["rest_outside_engine_core_share"] >= 0 and "above_rest_ms_per_request" in m["cpu"]
     assert {p.name for p in tmp_path.iterdir()} == {
         "results.json", "results.md", "latency_vs_level.png", "health_over_time.png",
     }  # fmt: skip
@@ -50,7 +52,7 @@ def test_long_prompts_at_a_request_rate(url: str, tmp_path: Path) -> None:
     results = main([
         "--target", f"graph={url}", "--endpoint", "chat", "--dataset", "long", "--long-fractions", "0.3", "2.0",
         "--output-len", "8", "--request-rate", "40", "--max-concurrency", "4", "--duration", "0.5",
-        "--warmup", "0", "--out", str(tmp_path), "--no-plots", "--no-progress",
+        "--warmup", "0", "--rest", "0", "--out", str(tmp_path), "--no-plots", "--no-progress",
     ])  # fmt: skip
     assert results["config"]["input_lens"] == [38, 256]
     m = results["results"]["graph"]["40"]
@@ -68,7 +70,7 @@ def test_image_chat(tiny_vision_model_path: Path, fake_llm: FakeLLM, tmp_path: P
         results = main([
             "--target", f"vision={url}", "--dataset", "image", "--images-per-request", "2", "--image-size", "80x60",
             "--image-repeat", "0.5", "--output-len", "4", "--concurrency", "2", "--duration", "0.5",
-            "--out", str(tmp_path), "--no-plots", "--no-progress",
+            "--rest", "0", "--out", str(tmp_path), "--no-plots", "--no-progress",
         ])  # fmt: skip
     assert (results["config"]["endpoint"], results["config"]["input_lens"]) == ("chat", [32])
     m = results["results"]["vision"]["2"]
@@ -87,7 +89,8 @@ def test_speech(tmp_path: Path) -> None:
     with serving(fake.app) as url:
         results = main([
             "--target", f"tts={url}", "--dataset", "tts", "--tts-input-chars", "40", "--voice", "leah",
-            "--concurrency", "2", "--duration", "0.3", "--warmup", "1", "--out", str(tmp_path), "--no-progress",
+            "--concurrency", "2", "--duration", "0.3", "--warmup", "1", "--rest", "0", "--out", str(tmp_path),
+            "--no-progress",
         ])  # fmt: skip
     assert (results["endpoint"], results["config"]["input_lens"]) == ("speech", [40])
     m = results["results"]["tts"]["2"]
@@ -116,7 +119,7 @@ def test_speech_rejections_are_not_failures(tmp_path: Path) -> None:
     with serving(FakeSpeech(max_streams=1).app) as url:
         results = main([
             "--target", f"tts={url}", "--dataset", "tts", "--concurrency", "3", "--duration", "0.3",
-            "--underrun-threshold-ms", "0", "--out", str(tmp_path), "--no-plots", "--no-progress",
+            "--underrun-threshold-ms", "0", "--rest", "0", "--out", str(tmp_path), "--no-plots", "--no-progress",
         ])  # fmt: skip
     m = results["results"]["tts"]["3"]
     assert m["completed"] > 0 and m["rejected"] > 0 and m["failed"] == 0 and m["errors"] == {}

@@ -121,6 +121,9 @@ def test_report_column_and_role_table() -> None:
     graph_cpu = meter.measure("graph", BEFORE, after(spent))
     vllm_cpu = meter.measure("vllm", BEFORE, after(spent))
     assert meter.measure("baseline", BEFORE, after(spent)) is None  # no scope: not measured
+    # At rest, over 2 s: the graph's ingress 0.1 s and engine 0.2 s, vllm's API server 0.02 s.
+    rest = {"graph": meter.measure("graph", BEFORE, after({23: 0.1, 21: 0.2})),
+            "vllm": meter.measure("vllm", BEFORE, after({30: 0.02}))}  # fmt: skip
 
     def cell(target: str, usage: cpu.CellCpu | None) -> CellResult:
         records = [RequestRecord(sent_at=0.0, input_len=4, status=200, latency=0.2, content_times=[0.1, 0.2],
@@ -130,18 +133,42 @@ def test_report_column_and_role_table() -> None:
     workload = Workload(mode="concurrency", levels=(4.0,), duration_s=2.0)
     targets = {name: {"url": f"http://{name}"} for name in ("graph", "vllm", "baseline")}
     cells = [cell("graph", graph_cpu), cell("vllm", vllm_cpu), cell("baseline", None)]
-    results = report.jsonable(report.build(cells, workload, targets, {}, {}))
-    assert results["results"]["graph"]["4"]["cpu"]["outside_engine_ms_per_request"] == pytest.approx(150.0)
+    results = report.jsonable(report.build(cells, workload, targets, {}, {}, rest=rest))
+    graph = results["results"]["graph"]["4"]["cpu"]
+    assert graph["outside_engine_ms_per_request"] == pytest.approx(150.0)
+    # 0.6 s outside the engine, less the 0.05 of a core it spends at rest over the cell's 2 s, over 4 requests.
+    assert graph["above_rest_ms_per_request"] == pytest.approx(125.0)
+    assert graph["rest_outside_engine_core_share"] == pytest.approx(0.05)
+    assert graph["roles"]["engine"]["rest_core_share"] == pytest.approx(0.1)
+    assert graph["roles"]["proxy"]["rest_core_share"] == 0.0  # idle at rest
+    assert results["results"]["vllm"]["4"]["cpu"]["above_rest_ms_per_request"] == pytest.approx(20.0)
     assert results["results"]["baseline"]["4"]["cpu"] is None
     assert [c["cpu_outside_engine_ms_per_request"] for c in results["cells"]] == pytest.approx([150.0, 25.0, None])
     text = report.markdown(results)
-    assert "| max | CPU ms/req outside engine |" in text
-    assert "| 1.00 | 150.00 |" in text and "| 1.00 | 25.00 |" in text and "| 1.00 | - |" in text
-    assert "| graph | 4 | llm-app:ingress | 2 | 100.00 | 0.200 |" in text
-    assert "| graph | 4 | **outside engine** | 10 | **150.00** | **0.300** |" in text
-    assert "| graph | 4 | engine | 2 | 250.00 | 0.500 |" in text
-    assert "| vllm | 4 | api_server | 1 | 25.00 | 0.050 |" in text
+    assert "| max | CPU ms/req outside engine | above rest |" in text
+    assert "| 1.00 | 150.00 | 125.00 |" in text and "| 1.00 | 25.00 | 20.00 |" in text and "| 1.00 | - | - |" in text
+    assert "| vllm | 4 | 1.00x | 1.00x | 6.00x | 6.25x |" in text  # the graph over vllm
+    assert "| graph | 4 | llm-app:ingress | 2 | 100.00 | 0.200 | 0.050 |" in text
+    assert "| graph | 4 | **outside engine** | 10 | **150.00** | **0.300** | **0.050** |" in text
+    assert "| graph | 4 | engine | 2 | 250.00 | 0.500 | 0.100 |" in text
+    assert "| vllm | 4 | api_server | 1 | 25.00 | 0.050 | 0.010 |" in text
     assert "more than one Serve cluster" not in text
+    # Without a rest reading (and in result files from before it), the columns are empty.
+    plain = report.jsonable(report.build(cells, workload, targets, {}, {}))
+    assert "above_rest_ms_per_request" not in plain["results"]["graph"]["4"]["cpu"]
+    assert "| 1.00 | 150.00 | - |" in report.markdown(plain)
+
+
+def test_at_rest_reads_each_target_between_two_snapshots() -> None:
+    readings = iter([BEFORE, after({23: 0.3, 30: 0.1})])
+    meter = cpu.Meter({"graph": cpu.Scope(frozenset({25}), ray=True), "vllm": cpu.Scope(frozenset({30}))})
+    meter.snapshot = lambda: next(readings)  # type: ignore[method-assign]
+    slept: list[float] = []
+    rest = cpu.at_rest(meter, ["graph", "vllm", "far"], 2.0, slept.append)
+    assert slept == [2.0]
+    assert set(rest) == {"graph", "vllm"}  # no scope for "far"
+    assert rest["graph"].roles["llm-app:ingress"].cpu_s == pytest.approx(0.3)
+    assert rest["vllm"].wall_s == 2.0
 
 
 def test_a_second_serve_cluster_is_flagged() -> None:
