@@ -54,8 +54,8 @@ decoding images in thread pools (what vLLM does since vLLM PRs #34789 and #10635
 on the event loop (vLLM before PR #10635); `engine_direct` is the engine called in-process with
 token ids. "CPU ms/req outside engine" is the CPU time (user + system) of a target's processes other
 than vLLM's engine, per successful request (load/bench/cpu.py); "above rest" is the same less what
-those processes spend with nothing sent, read for `--rest` seconds before the first cell (runs from
-2026-11-26 on; "-" before).
+those processes spend with nothing sent but `/health` probes, read for `--rest` seconds after the
+warmup (runs from stop 26 on; "-" before).
 """
 
 

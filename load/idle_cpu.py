@@ -2,8 +2,9 @@
 
 A bench divides a cell's CPU by its requests, so a server's background (Ray's and Serve's own loops,
 health checks, idle replicas of other models) shows up as CPU per request that grows as the engine gets
-slower. This reads it on its own: every target's processes (found by URL as `load.bench` finds them,
-load/bench/cpu.py), read `--seconds` apart with no load sent, as shares of a core per role.
+slower. The bench reads it too (`--rest`) and subtracts it; this reads it on its own: every target's
+processes (found by URL as `load.bench` finds them, load/bench/cpu.py), read `--seconds` apart with no
+load sent, as shares of a core per role.
 
   python -m load.idle_cpu --target graph=http://127.0.0.1:8000 --target vllm=http://127.0.0.1:8200 --seconds 30
 """

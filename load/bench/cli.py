@@ -126,9 +126,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     p.add_argument("--no-cpu", action="store_true", help="do not read the targets' processes' CPU time")
     p.add_argument(
-        "--rest", type=float, default=10.0, metavar="SECONDS",
-        help="before the first cell, read every target's CPU this long with nothing sent (its background, "
-        "which the tables subtract for the CPU per request above rest); 0: not read",
+        "--rest", type=float, default=30.0, metavar="SECONDS",
+        help="after the warmup, read every target's CPU this long with nothing sent but /health probes (its "
+        "background, which the tables subtract for the CPU per request above rest); 0: not read",
     )  # fmt: skip
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         rotate=not opts.no_rotate, seed=opts.seed, honor_retry_after=opts.honor_retry_after,
         # Pooled over the rounds, each cell's share makes the target and level reach --min-streams.
         min_ok=-(-opts.min_streams // opts.rounds) if opts.endpoint == "speech" else 0,
-        max_duration_s=opts.max_duration,
+        max_duration_s=opts.max_duration, rest_s=opts.rest,
     )  # fmt: skip
     pids: dict[str, int] = {}
     with targets.started(opts.start, out, pids) as started:
@@ -252,13 +252,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         meter, unmeasured = cpu.meter(pids, opts.urls) if not opts.no_cpu else (None, [])
         if unmeasured:
             print(f"CPU not measured for {', '.join(unmeasured)}: no process of this machine listens on its port")
-        rest = cpu.at_rest(meter, list(urls), opts.rest) if meter and opts.rest > 0 else {}
         bar = Bar(len(levels) * opts.rounds * len(urls), disable=opts.no_progress)
         try:
             runner = Runner(
                 [Target(name, url, models[name].name) for name, url in urls.items()], dataset, workload, bar, meter
             )
             cells = asyncio.run(runner.run())
+            rest = runner.rest
         finally:
             bar.close()
     config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}

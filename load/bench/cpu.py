@@ -22,9 +22,10 @@ daemons by their command; `vllm serve`'s API server and the baseline by theirs. 
 none (a multiprocessing helper, a compile worker) takes its nearest ancestor's role.
 
 A target also spends CPU with no request in flight (Ray's and Serve's own loops, health checks, the
-idle replicas of other models): before the first cell the bench reads each target at rest
-(`at_rest`, `--rest`), and each level then shows, besides the CPU per request, what it spent above
-that rest per request. Cores a deployment needs: its share at rest plus that times the request rate.
+idle replicas of other models): after the warmup the bench reads each target at rest (`at_rest`,
+`--rest`; probed on `/health` as in a cell), and each level then shows, besides the CPU per request,
+what it spent above that rest per request. Cores a deployment needs outside its engines: its share at
+rest plus that times the request rate.
 
 Not counted: CPU of a process that exited during the cell (it is gone by the second reading) and of
 children a process reaped (the kernel adds those to the parent's children's times, which would
@@ -264,7 +265,8 @@ def pool(cells: Sequence[CellCpu | None], requests: int, rest: CellCpu | None = 
         "engine_ms_per_request": per_request(engine_s) if ENGINE in summary else math.nan,
     }  # fmt: skip
     if rest is not None:
-        rest_share = sum(_rest_share(rest, role) for role in rest.roles if role != ENGINE)
+        # The roles of the cells: a process seen only at rest (it exited since) is nobody's background now.
+        rest_share = sum(_rest_share(rest, role) for role in summary if role != ENGINE)
         pooled["rest_outside_engine_core_share"] = rest_share
         pooled["above_rest_ms_per_request"] = per_request(outside_s - rest_share * wall_s) if roles else math.nan
     return pooled

@@ -216,7 +216,8 @@ def handicaps(results: Mapping[str, Any]) -> dict[str, str]:
 
 
 def _ratio(a: float | None, b: float | None) -> str:
-    if a is None or b is None or math.isnan(a) or math.isnan(b) or b == 0:
+    # A CPU above rest can come out at or below zero when the rest reading was noisy: no ratio then.
+    if a is None or b is None or math.isnan(a) or math.isnan(b) or a <= 0 or b <= 0:
         return "-"
     return f"{a / b:.2f}x"
 

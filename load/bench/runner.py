@@ -15,7 +15,7 @@ import httpx
 
 from load.bench import tts
 from load.bench.client import Endpoint, RequestRecord, send
-from load.bench.cpu import CellCpu, Meter
+from load.bench.cpu import CellCpu, Meter, at_rest
 from load.bench.datasets import Dataset
 from load.bench.health import HealthSample, loop_lag, probe
 
@@ -58,6 +58,9 @@ class Workload:
     # `max_duration_s`: speech streams take seconds each, and a percentile of a handful says little.
     min_ok: int = 0
     max_duration_s: float | None = None
+    # After the warmup, every target's CPU is read this long with nothing sent but the `/health` probes
+    # each cell sends too (`rest`): what its processes spend on their own. 0: not read.
+    rest_s: float = 0.0
 
 
 @dataclass
@@ -162,6 +165,7 @@ class Runner:
         self.progress = progress
         self.cpu = cpu
         self.next_prompt = dict.fromkeys(self.targets, 0)
+        self.rest: dict[str, CellCpu] = {}  # read by `run`
 
     def _sender(self, client: httpx.AsyncClient, target: Target, report: bool) -> SendNext:
         async def send_next() -> RequestRecord:
@@ -192,6 +196,8 @@ class Runner:
                 warm = self._sender(client, target, report=False)
                 for _ in range(w.warmup):
                     await warm()
+            if self.cpu and w.rest_s > 0:
+                self.rest = await self._at_rest(self.cpu, health_client)
             results = []
             for cell in schedule(list(self.targets), w.levels, w.rounds, w.rotate):
                 self.progress.start_cell(cell)
@@ -199,6 +205,19 @@ class Runner:
                 self.progress.end_cell(result)
                 results.append(result)
         return results
+
+    async def _at_rest(self, meter: Meter, health_client: httpx.AsyncClient) -> dict[str, CellCpu]:
+        """Every target at once, after the warmup (which starts whatever the first request starts) and
+        probed as in a cell, so that what a cell spends above this is its requests' alone."""
+        w = self.workload
+        stop = asyncio.Event()
+        probes = [probe(health_client, t.url, stop, w.health_interval_s) for t in self.targets.values()]
+        tasks = [asyncio.create_task(p) for p in probes]
+        try:
+            return await asyncio.to_thread(at_rest, meter, list(self.targets), w.rest_s)
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
 
     async def _run_cell(self, client: httpx.AsyncClient, health_client: httpx.AsyncClient, cell: Cell) -> CellResult:
         w = self.workload

@@ -1,4 +1,5 @@
-"""The interleaving schedule, Poisson arrivals and the closed/open load loops (fake requests)."""
+"""The interleaving schedule, Poisson arrivals, the closed/open load loops (fake requests) and the rest
+reading."""
 
 from __future__ import annotations
 
@@ -9,10 +10,24 @@ import statistics
 import time
 from collections import Counter
 
+import httpx
 import pytest
 
 from load.bench.client import RequestRecord
-from load.bench.runner import Cell, SendNext, arrival_offsets, closed_loop, open_loop, schedule
+from load.bench.cpu import Meter, Scope, Snapshot
+from load.bench.datasets import WordDataset
+from load.bench.runner import (
+    Cell,
+    Runner,
+    SendNext,
+    Target,
+    Workload,
+    arrival_offsets,
+    closed_loop,
+    open_loop,
+    schedule,
+)
+from load.rss import Proc
 
 
 def test_schedule_interleaves_targets_and_alternates_who_goes_first() -> None:
@@ -116,3 +131,32 @@ async def test_open_loop_follows_arrivals_and_caps_in_flight() -> None:
     capped = FakeSend(0.05)
     await open_loop(capped, [0.0] * 4, max_concurrency=2)
     assert capped.most_in_flight == 2
+
+
+async def test_rest_is_read_for_every_target_while_each_is_probed_as_in_a_cell() -> None:
+    probed: Counter[str] = Counter()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        probed[request.url.host] += 1
+        return httpx.Response(200)
+
+    snapshots = iter([Snapshot(0.0, {1: _proc(1, 0.0)}), Snapshot(0.3, {1: _proc(1, 0.06)})])
+
+    def snapshot() -> Snapshot:
+        return next(snapshots)
+
+    meter = Meter({name: Scope(frozenset({1})) for name in ("a", "b")})
+    meter.snapshot = snapshot  # type: ignore[method-assign]
+    workload = Workload(mode="concurrency", levels=(1.0,), duration_s=1.0, health_interval_s=0.05, rest_s=0.3)
+    targets = [Target(name, f"http://{name}", "m") for name in ("a", "b")]
+    runner = Runner(targets, WordDataset(("w",), (1,), 1, 0), workload, progress=None, cpu=meter)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        rest = await runner._at_rest(meter, client)
+    spent = {name: cell.roles["other:python"].cpu_s for name, cell in rest.items()}
+    assert spent == pytest.approx({"a": 0.06, "b": 0.06})
+    # 0.3 s at one probe per 0.05 s: about six each, however slow the machine (never none).
+    assert set(probed) == {"a", "b"} and min(probed.values()) >= 2
+
+
+def _proc(pid: int, cpu_s: float) -> Proc:
+    return Proc(pid, 0, "python server.py", 0, cpu_s=cpu_s, pgid=pid, started=1.0)
