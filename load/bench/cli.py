@@ -127,7 +127,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-cpu", action="store_true", help="do not read the targets' processes' CPU time")
     p.add_argument(
         "--rest", type=float, default=30.0, metavar="SECONDS",
-        help="after the warmup, read every target's CPU this long with nothing sent but /health probes (its "
+        help="after the last cell, read every target's CPU this long with nothing sent but /health probes (its "
         "background, which the tables subtract for the CPU per request above rest); 0: not read",
     )  # fmt: skip
     p.add_argument("--no-plots", action="store_true")

@@ -22,7 +22,7 @@ daemons by their command; `vllm serve`'s API server and the baseline by theirs. 
 none (a multiprocessing helper, a compile worker) takes its nearest ancestor's role.
 
 A target also spends CPU with no request in flight (Ray's and Serve's own loops, health checks, the
-idle replicas of other models): after the warmup the bench reads each target at rest (`at_rest`,
+idle replicas of other models): after the last cell the bench reads each target at rest (`at_rest`,
 `--rest`; probed on `/health` as in a cell), and each level then shows, besides the CPU per request,
 what it spent above that rest per request. Cores a deployment needs outside its engines: its share at
 rest plus that times the request rate.
@@ -298,7 +298,7 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]
     lines = [
         "",
         "CPU time by process role, per successful request and as a share of one core, under load and at rest "
-        "(user + system, read before and after each cell, and over `--rest` seconds before the first; "
+        "(user + system, read before and after each cell, and over `--rest` seconds after the last; "
         "load/bench/cpu.py)",
         "",
         f"| target | {level_name} | role | processes | CPU ms/req | share of a core | at rest |",

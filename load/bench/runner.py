@@ -58,8 +58,8 @@ class Workload:
     # `max_duration_s`: speech streams take seconds each, and a percentile of a handful says little.
     min_ok: int = 0
     max_duration_s: float | None = None
-    # After the warmup, every target's CPU is read this long with nothing sent but the `/health` probes
-    # each cell sends too (`rest`): what its processes spend on their own. 0: not read.
+    # After the last cell, every target's CPU is read this long with nothing sent but the `/health`
+    # probes each cell sends too (`Runner.rest`): what its processes spend on their own. 0: not read.
     rest_s: float = 0.0
 
 
@@ -151,6 +151,10 @@ async def open_loop(send_next: SendNext, offsets: Sequence[float], max_concurren
     return list(await asyncio.gather(*tasks))
 
 
+# Between the last cell and the rest reading: the last requests' streams and the stages' bookkeeping end.
+REST_SETTLE_S = 2.0
+
+
 class Runner:
     """Sends each target the dataset's prompts in order, continuing across cells, so two targets get
     the same prompts and no target sees a prompt twice (that would hit its prefix cache)."""
@@ -196,19 +200,22 @@ class Runner:
                 warm = self._sender(client, target, report=False)
                 for _ in range(w.warmup):
                     await warm()
-            if self.cpu and w.rest_s > 0:
-                self.rest = await self._at_rest(self.cpu, health_client)
             results = []
             for cell in schedule(list(self.targets), w.levels, w.rounds, w.rotate):
                 self.progress.start_cell(cell)
                 result = await self._run_cell(client, health_client, cell)
                 self.progress.end_cell(result)
                 results.append(result)
+            if self.cpu and w.rest_s > 0:
+                await asyncio.sleep(REST_SETTLE_S)
+                self.rest = await self._at_rest(self.cpu, health_client)
         return results
 
     async def _at_rest(self, meter: Meter, health_client: httpx.AsyncClient) -> dict[str, CellCpu]:
-        """Every target at once, after the warmup (which starts whatever the first request starts) and
-        probed as in a cell, so that what a cell spends above this is its requests' alone."""
+        """Every target at once, probed as in a cell, so that what a cell spends above this is its requests'
+        alone. After the cells rather than before them: a Ray cluster is busier for minutes after it starts
+        (the default config, two minutes after `make serve`: 0.35 of a core outside the engines, probed;
+        ten minutes later 0.27 without probes), and whatever the first request starts is running by then."""
         w = self.workload
         stop = asyncio.Event()
         probes = [probe(health_client, t.url, stop, w.health_interval_s) for t in self.targets.values()]
