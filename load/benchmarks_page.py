@@ -55,7 +55,8 @@ on the event loop (vLLM before PR #10635); `engine_direct` is the engine called 
 token ids. "CPU ms/req outside engine" is the CPU time (user + system) of a target's processes other
 than vLLM's engine, per successful request (load/bench/cpu.py); "above rest" is the same less what
 those processes spend with nothing sent but `/health` probes, read for `--rest` seconds after the
-last cell (runs from stop 26 on; "-" before).
+last cell (from section 19 `avx2-stop26-final` on; the three stop 26 runs before it read rest before
+their cells, as the notes say; "-" in runs older than stop 26).
 """
 
 
