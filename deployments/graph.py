@@ -76,5 +76,5 @@ def check_transport_fits(args: AppArgs, grpc: bool, max_message_bytes: int) -> N
         raise ConfigError(
             f"limits.max_request_bytes ({limit}) exceeds {TRANSPORT_LIMIT_ENV} ({max_message_bytes}), the "
             "largest message a replica accepts over gRPC: set the variable to at least that in the environment "
-            "of `ray start` (the Makefile sets 64 MiB), or lower limits.max_request_bytes"
+            "of `ray start` (configs/ray.env sets 64 MiB), or lower limits.max_request_bytes"
         )

@@ -3,7 +3,7 @@
 `load.bench --start graph:CONFIG[@MODEL]` runs this in a child process; SIGTERM shuts Serve and the
 cluster down again. `ray.init(address="local")` starts a cluster owned by this process, so stopping
 it never touches another Ray on the machine (e.g. one that `make serve` started), and its workers
-inherit this process's environment: `RAY_SERVE_THROUGHPUT_OPTIMIZED=1`, as the Makefile sets it.
+inherit this process's environment, to which it adds configs/ray.env as the Makefile does.
 `python -m load.graph_launcher --config configs/cpu-tiny.yaml --app tiny-llava --port 8100`
 """
 
@@ -49,6 +49,15 @@ def use_free_serve_ports(environ: MutableMapping[str, str]) -> None:
             environ[name] = str(free_port())
 
 
+RAY_ENV = Path(__file__).resolve().parents[1] / "configs" / "ray.env"
+
+
+def ray_env(path: Path = RAY_ENV) -> dict[str, str]:
+    """The `NAME=value` lines of configs/ray.env: the environment every cluster of the graph starts with."""
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
 def route_prefix(config: dict[str, Any]) -> str:
     prefix = str(config["applications"][0].get("route_prefix") or "/")
     return "" if prefix == "/" else prefix.rstrip("/")
@@ -66,16 +75,11 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
     from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
-    os.environ.setdefault("RAY_SERVE_THROUGHPUT_OPTIMIZED", "1")
-    os.environ.setdefault("RAY_SERVE_ENABLE_HA_PROXY", "1")  # as the Makefile sets it (it says why)
-    os.environ.setdefault("RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.5")  # likewise
-    os.environ.setdefault("RAY_SERVE_METRICS_EXPORT_INTERVAL_MS", "1000")  # likewise
-    os.environ.setdefault("RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S", "5")  # likewise
+    for name, value in ray_env().items():  # as the Makefile sets them for `ray start`
+        os.environ.setdefault(name, value)
     for name in FIXED_SERVE_PORTS:  # the ports of the cluster that started us (the tests' session) are taken
         os.environ.pop(name, None)
     use_free_serve_ports(os.environ)
-    # As the Makefile sets it for `ray start` (deployments.graph.check_transport_fits says why).
-    os.environ.setdefault("RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH", str(64 * 2**20))
     shm_before = shm_files()
     ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
     # After ray.init, which installs its node's own SIGTERM handler: that one tears the cluster down at

@@ -12,6 +12,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from deployments.graph import build_app, check_transport_fits
 from deployments.health import build_health_app
+from load.graph_launcher import ray_env
 from load.serve_config import GRAPH_IMPORT_PATH, HEALTH_IMPORT_PATH, graph_apps
 from serve_app.config import parse_app_args
 from serve_app.graph_health import GraphHealthArgs
@@ -132,11 +133,9 @@ def test_a_body_limit_over_the_grpc_message_limit_is_a_config_error(raw_args: di
     check_transport_fits(args, grpc=True, max_message_bytes=2**23)
 
 
-def test_the_makefile_leaves_room_for_the_default_body_limit(raw_args: dict[str, Any]) -> None:
-    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
-    (line,) = [ln for ln in makefile.splitlines() if ln.startswith("export RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH")]
+def test_the_clusters_environment_leaves_room_for_the_default_body_limit(raw_args: dict[str, Any]) -> None:
     args = parse_app_args({"model": raw_args["model"]})
-    check_transport_fits(args, grpc=True, max_message_bytes=int(line.split(":=")[1]))
+    check_transport_fits(args, grpc=True, max_message_bytes=int(ray_env()["RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH"]))
 
 
 def test_builder_names_each_models_stages_after_it(tiny_model_path: Path) -> None:

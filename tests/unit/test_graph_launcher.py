@@ -8,11 +8,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 
-from load.graph_launcher import _exit, stop_cluster
+from load.graph_launcher import RAY_ENV, _exit, ray_env, stop_cluster
 
 # Like Ray's agents whose raylet was SIGKILLed: deaf to SIGTERM.
 DEAF = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
@@ -53,3 +54,18 @@ def test_sigterm_exits_once_and_ignores_a_second() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # ignored, or this test run would end here
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_ray_env_is_what_a_shell_and_make_read_from_the_file(tmp_path: Path) -> None:
+    """configs/ray.env is read three ways: `ray_env` here, `set -a; . configs/ray.env` on a node of one's
+    own (README), and `include` in the Makefile; all three must agree, comments and blank lines aside."""
+    env = ray_env()
+    assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1" and env["RAY_event_stats"] == "0"
+    shell = subprocess.run(["sh", "-c", f"set -a; . {RAY_ENV}; env"], env={}, capture_output=True, text=True,
+                           check=True)  # fmt: skip
+    assert {k: v for k, v in (ln.split("=", 1) for ln in shell.stdout.splitlines()) if k in env} == env
+    show = tmp_path / "show.mk"
+    show.write_text("show:\n\t@env\n")
+    made = subprocess.run(["make", "-s", "-C", str(RAY_ENV.parents[1]), "-f", "Makefile", "-f", str(show), "show"],
+                          env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, check=True)  # fmt: skip
+    assert {k: v for k, v in (ln.split("=", 1) for ln in made.stdout.splitlines() if "=" in ln) if k in env} == env
