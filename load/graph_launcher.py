@@ -3,7 +3,8 @@
 `load.bench --start graph:CONFIG[@MODEL]` runs this in a child process; SIGTERM shuts Serve and the
 cluster down again. `ray.init(address="local")` starts a cluster owned by this process, so stopping
 it never touches another Ray on the machine (e.g. one that `make serve` started), and its workers
-inherit this process's environment, to which it adds configs/ray.env as the Makefile does.
+inherit this process's environment, to which it adds configs/ray.env (what that environment sets
+already wins: with the Makefile, the file does).
 `python -m load.graph_launcher --config configs/cpu-tiny.yaml --app tiny-llava --port 8100`
 """
 
@@ -75,7 +76,7 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
     from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
-    for name, value in ray_env().items():  # as the Makefile sets them for `ray start`
+    for name, value in ray_env().items():  # as the Makefile sets them for `ray start`, unless set already
         os.environ.setdefault(name, value)
     for name in FIXED_SERVE_PORTS:  # the ports of the cluster that started us (the tests' session) are taken
         os.environ.pop(name, None)
