@@ -17,6 +17,11 @@ export RAY_AUTH_MODE := token
 # configs/ray.env, one place for every way a cluster gets started.
 include configs/ray.env
 export $(shell sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' configs/ray.env)
+# `make serve`'s cluster, by its GCS port, for every target that joins it. Ray's `auto` would join the
+# newest cluster on the machine instead: a test session's, while `make test` runs beside `make serve`.
+# Not exported: under RAY_ADDRESS even `ray.init(address="local")` (the tests, load/) joins this cluster.
+RAY_PORT ?= 6379
+RAY_HEAD := 127.0.0.1:$(RAY_PORT)
 
 .PHONY: serve status test smoke setup models lint stop
 
@@ -46,9 +51,10 @@ models/tiny-orpheus/.complete: $(VENV)/.installed
 # `serve status` reads it; it listens on loopback only.
 serve: setup models
 	$(BIN)/ray get-auth-token --generate >/dev/null  # a machine that never ran Ray has no ~/.ray/auth_token
-	$(BIN)/ray status >/dev/null 2>&1 || { mkdir -p .cache && ls /dev/shm > .cache/shm-before-serve && \
-		$(BIN)/ray start --head --dashboard-host=127.0.0.1 --disable-usage-stats; }
-	$(BIN)/serve run $(CONFIG)
+	$(BIN)/ray status --address=$(RAY_HEAD) >/dev/null 2>&1 || { mkdir -p .cache && \
+		ls /dev/shm > .cache/shm-before-serve && \
+		$(BIN)/ray start --head --port=$(RAY_PORT) --dashboard-host=127.0.0.1 --disable-usage-stats; }
+	RAY_ADDRESS=$(RAY_HEAD) $(BIN)/serve run $(CONFIG)
 
 status:
 	$(BIN)/serve status
@@ -56,7 +62,7 @@ status:
 # Serve first, waiting for every drain (`serve shutdown` returns before it), then the `serve run` above,
 # Ray, and the shared-memory files of engines that were killed (deployments/stop.py).
 stop:
-	$(BIN)/python -m deployments.stop
+	RAY_ADDRESS=$(RAY_HEAD) $(BIN)/python -m deployments.stop
 
 test: setup models
 	$(BIN)/pytest -q

@@ -129,6 +129,7 @@ def drain_serve() -> None:
     from ray.serve.exceptions import RayServeException
 
     try:
+        # `make stop` names make serve's cluster in RAY_ADDRESS; without it, `auto` joins the newest.
         ray.init(address="auto", logging_level=logging.WARNING)
     except ConnectionError as exc:
         print(f"no Ray cluster to stop Serve on: {exc}")

@@ -112,3 +112,15 @@ def test_finds_and_ends_an_haproxy_of_this_environment_that_outlived_ray(tmp_pat
         end_processes(stray, timeout_s=10)
         assert not stray[0].is_running()
         assert theirs.poll() is None
+
+
+def test_make_serve_and_make_stop_join_the_cluster_make_serve_starts() -> None:
+    """Ray's `auto` joins the newest cluster on the machine, a `make test` session's while one runs beside
+    `make serve`: every step that joins a cluster names the one `make serve` starts, by its port."""
+    root = Path(__file__).resolve().parents[2]
+    dry_run = subprocess.run(["make", "-n", "serve", "stop", "RAY_PORT=6390"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout  # fmt: skip
+    assert "ray start --head --port=6390 " in dry_run
+    assert "ray status --address=127.0.0.1:6390 " in dry_run
+    assert "RAY_ADDRESS=127.0.0.1:6390 .venv/bin/serve run " in dry_run
+    assert "RAY_ADDRESS=127.0.0.1:6390 .venv/bin/python -m deployments.stop" in dry_run
