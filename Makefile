@@ -19,7 +19,8 @@ include configs/ray.env
 export $(shell sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' configs/ray.env)
 # `make serve`'s cluster, by its GCS port, for every target that joins it. Ray's `auto` would join the
 # newest cluster on the machine instead: a test session's, while `make test` runs beside `make serve`.
-# Not exported: under RAY_ADDRESS even `ray.init(address="local")` (the tests, load/) joins this cluster.
+# Not exported: under RAY_ADDRESS every `ray.init()` without an address and every `serve` command of
+# `make test` and `make smoke` would join this cluster too.
 RAY_PORT ?= 6379
 RAY_HEAD := 127.0.0.1:$(RAY_PORT)
 

