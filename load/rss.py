@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -44,6 +45,9 @@ class Proc:
     cpu_s: float = 0.0
     pgid: int = 0
     started: float = 0.0
+    # Seconds its main thread (an engine's step loop, a replica's event loop) has spent runnable but waiting
+    # for a CPU: the run-queue delay of /proc/<pid>/schedstat, 0.0 where the kernel does not keep it.
+    wait_s: float = 0.0
 
 
 def lineage(table: Mapping[int, Proc], pid: int) -> list[int]:
@@ -106,9 +110,18 @@ def list_processes() -> list[Proc]:
             procs.append(Proc(
                 info["pid"], info["ppid"] or 0, " ".join(info["cmdline"]), info["memory_info"].rss,
                 cpu_s=cpu.user + cpu.system if cpu is not None else 0.0, pgid=_pgid(info["pid"]),
-                started=info["create_time"] or 0.0,
+                started=info["create_time"] or 0.0, wait_s=main_thread_wait(info["pid"]),
             ))  # fmt: skip
     return procs
+
+
+def main_thread_wait(pid: int, proc_root: Path = Path("/proc")) -> float:
+    """Seconds the main thread of `pid` has waited on a run queue (schedstat's second field, in ns: the
+    file under /proc/<pid> is the main thread's, not the process's); 0.0 when it cannot be read."""
+    try:
+        return int((proc_root / str(pid) / "schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):  # gone since it was listed, or no schedstats in this kernel
+        return 0.0
 
 
 def _pgid(pid: int) -> int:

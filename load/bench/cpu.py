@@ -27,6 +27,11 @@ idle replicas of other models): after the last cell the bench reads each target 
 what it spent above that rest per request. Cores a deployment needs outside its engines: its share at
 rest plus that times the request rate.
 
+Each process's main thread (an engine's step loop, a replica's event loop) also reports the time it was
+runnable but waiting for a CPU (`rss.Proc.wait_s`, its run-queue delay). On a machine with cores to
+spare that is near zero; where it is not, the table shows who was kept waiting, the engine first: it
+tells a process starved by its neighbours from one that has nothing to do.
+
 Not counted: CPU of a process that exited during the cell (it is gone by the second reading) and of
 children a process reaped (the kernel adds those to the parent's children's times, which would
 count a child's whole life in one cell).
@@ -49,6 +54,7 @@ from load.rss import Proc
 
 ENGINE = "engine"
 OUTSIDE = "outside engine"
+WAIT = "main_thread_wait_share"  # a role's main threads' run-queue delay over a cell, per second of it
 _ENGINE_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
 _EXECUTABLES = {"raylet": "raylet", "gcs_server": "gcs_server", "haproxy": "haproxy"}
 # Command-line markers of the other servers' processes and Ray's Python daemons, first match wins.
@@ -161,6 +167,7 @@ class Snapshot:
 class RoleCpu:
     cpu_s: float
     processes: int
+    wait_s: float = 0.0  # its processes' main threads' run-queue delay (rss.Proc.wait_s), added up
 
 
 @dataclass(frozen=True)
@@ -172,18 +179,21 @@ class CellCpu:
 
 
 def usage(before: Snapshot, after: Snapshot, scope: Scope) -> CellCpu:
-    """What each role of the scope's processes spent between the snapshots. A process is the one read
-    before when pid and start time match; one started in between counts from zero."""
+    """What each role of the scope's processes spent, and their main threads waited for a CPU, between the
+    snapshots. A process is the one read before when pid and start time match; one started in between
+    counts from zero."""
     cpu: dict[str, float] = {}
+    wait: dict[str, float] = {}
     count: dict[str, int] = {}
     for pid in scope.members(after.procs):
         p = after.procs[pid]
         earlier = before.procs.get(pid)
-        spent = p.cpu_s - (earlier.cpu_s if earlier is not None and earlier.started == p.started else 0.0)
+        base = earlier if earlier is not None and earlier.started == p.started else None
         role = role_of(after.procs, pid)
-        cpu[role] = cpu.get(role, 0.0) + spent
+        cpu[role] = cpu.get(role, 0.0) + p.cpu_s - (base.cpu_s if base else 0.0)
+        wait[role] = wait.get(role, 0.0) + p.wait_s - (base.wait_s if base else 0.0)
         count[role] = count.get(role, 0) + 1
-    return CellCpu(after.at - before.at, {role: RoleCpu(cpu[role], count[role]) for role in sorted(cpu)})
+    return CellCpu(after.at - before.at, {role: RoleCpu(cpu[role], count[role], wait[role]) for role in sorted(cpu)})
 
 
 class Meter:
@@ -253,6 +263,7 @@ def pool(cells: Sequence[CellCpu | None], requests: int, rest: CellCpu | None = 
         summary[role] = {
             "processes": max(c.roles[role].processes for c in measured if role in c.roles),
             "cpu_s": cpu_s, "ms_per_request": per_request(cpu_s), "core_share": cpu_s / wall_s,
+            WAIT: sum(c.roles[role].wait_s for c in measured if role in c.roles) / wall_s,
         }  # fmt: skip
         if rest is not None:
             summary[role]["rest_core_share"] = _rest_share(rest, role)
@@ -288,45 +299,58 @@ def _num(value: float | None, digits: int) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 
 
+def _row(*cells: object) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
 def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[str]:
-    """Per target and level, each role's CPU ms per successful request, share of a core, and share at rest
-    where it was read; the roles outside the engine summed; a warning where a target's processes include
-    several Serve clusters."""
+    """Per target and level, each role's CPU ms per successful request, share of a core, share at rest
+    where it was read, and its main threads' wait for a CPU as a share of the wall time (a column only
+    where some role has it: result files from before it have none); the roles outside the engine summed;
+    a warning where a target's processes include several Serve clusters."""
     measured = [(level, name, m["cpu"]) for level, name, m in rows if m.get("cpu") is not None]
     if not measured:
         return []
+    waits = any(WAIT in s for _, _, cpu in measured for s in cpu["roles"].values())
     lines = [
         "",
         "CPU time by process role, per successful request and as a share of one core, under load and at rest "
         "(user + system, read before and after each cell, and over `--rest` seconds after the last; "
-        "load/bench/cpu.py)",
+        "load/bench/cpu.py)"
+        + (
+            "; main threads waiting: the time the role's main threads were runnable but waiting for a CPU, as a "
+            "share of the wall time, added up over its processes" if waits else ""
+        ),
         "",
-        f"| target | {level_name} | role | processes | CPU ms/req | share of a core | at rest |",
-        "|---|---:|---|---:|---:|---:|---:|",
-    ]
+        _row("target", level_name, "role", "processes", "CPU ms/req", "share of a core", "at rest",
+             *(["main threads waiting"] if waits else [])),
+        "|---|---:|---|---:|---:|---:|---:|" + ("---:|" if waits else ""),
+    ]  # fmt: skip
+
+    def role_row(name: str, level: str, role: str, s: Mapping[str, Any]) -> str:
+        cells = [name, level, role, s["processes"], _num(s["ms_per_request"], 2), _num(s["core_share"], 3)]
+        return _row(*cells, _num(s.get("rest_core_share"), 3), *([_num(s.get(WAIT), 3)] if waits else []))
+
     mixed = []
     for level, name, cpu in measured:
         roles = cpu["roles"]
         if not roles:
-            lines.append(f"| {name} | {level} | no process found | - | - | - | - |")
+            lines.append(_row(name, level, "no process found", *["-"] * (5 if waits else 4)))
             continue
         outside = [(role, s) for role, s in roles.items() if role != ENGINE]
         for role, s in sorted(outside, key=lambda item: -item[1]["cpu_s"]):
-            lines.append(
-                f"| {name} | {level} | {role} | {s['processes']} | {_num(s['ms_per_request'], 2)} "
-                f"| {_num(s['core_share'], 3)} | {_num(s.get('rest_core_share'), 3)} |"
-            )
-        lines.append(
-            f"| {name} | {level} | **{OUTSIDE}** | {sum(s['processes'] for _, s in outside)} "
-            f"| **{_num(cpu['outside_engine_ms_per_request'], 2)}** | **{_num(cpu['outside_engine_core_share'], 3)}** "
-            f"| **{_num(cpu.get('rest_outside_engine_core_share'), 3)}** |"
-        )
+            lines.append(role_row(name, level, role, s))
+        waited = [s[WAIT] for _, s in outside if WAIT in s]
+        total = [_num(sum(waited) if len(waited) == len(outside) else None, 3)] if waits else []
+        lines.append(_row(
+            name, level, f"**{OUTSIDE}**", sum(s["processes"] for _, s in outside),
+            *(f"**{cell}**" for cell in (
+                _num(cpu["outside_engine_ms_per_request"], 2), _num(cpu["outside_engine_core_share"], 3),
+                _num(cpu.get("rest_outside_engine_core_share"), 3), *total,
+            )),
+        ))  # fmt: skip
         if ENGINE in roles:
-            s = roles[ENGINE]
-            lines.append(
-                f"| {name} | {level} | {ENGINE} | {s['processes']} | {_num(s['ms_per_request'], 2)} "
-                f"| {_num(s['core_share'], 3)} | {_num(s.get('rest_core_share'), 3)} |"
-            )
+            lines.append(role_row(name, level, ENGINE, roles[ENGINE]))
         if roles.get(rss.CONTROLLER, {}).get("processes", 0) > 1:
             mixed.append(f"{name} @ {level}")
     if mixed:

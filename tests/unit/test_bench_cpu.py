@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from load.bench import cpu, report
@@ -113,6 +115,36 @@ def test_usage_per_role_between_two_readings() -> None:
     assert pooled["outside_engine_ms_per_request"] == pytest.approx(1170.0)
     assert pooled["engine_ms_per_request"] == pytest.approx(300.0)
     assert cpu.pool([None], requests=10) is None
+
+
+def test_main_threads_waiting_for_a_cpu() -> None:
+    """A role's main threads' run-queue delay over the cell: added up over its processes, counted from zero
+    for a process started in between, and shown as a share of the wall time beside its CPU."""
+    before = cpu.Snapshot(10.0, table([replace(p, wait_s=1.0) for p in BEFORE.procs.values()]))
+    waited = {21: 0.5, 22: 0.1, 23: 0.2, 24: 0.2, 12: 0.3}
+    later = after({}, reused=12).procs
+    now = cpu.Snapshot(12.0, {pid: replace(p, wait_s=1.0 + waited.get(pid, 0.0)) for pid, p in later.items()})
+    usage = cpu.usage(before, now, cpu.Scope(frozenset({25}), ray=True))
+    assert usage.roles["engine"].wait_s == pytest.approx(0.6)  # the engine core and its helper
+    assert usage.roles["llm-app:ingress"].wait_s == pytest.approx(0.4)
+    assert usage.roles["raylet"].wait_s == pytest.approx(1.3)  # a new process behind a reused pid: all its wait
+    assert usage.roles["controller"].wait_s == 0.0
+
+    pooled = cpu.pool([usage], requests=4)
+    assert pooled is not None
+    assert pooled["roles"]["engine"]["main_thread_wait_share"] == pytest.approx(0.3)
+    text = "\n".join(cpu.markdown("concurrency", [("4", "graph", {"cpu": pooled})]))
+    assert "| main threads waiting |" in text
+    assert "| graph | 4 | engine | 2 | 0.00 | 0.000 | - | 0.300 |" in text
+    assert "| graph | 4 | llm-app:ingress | 2 | 0.00 | 0.000 | - | 0.200 |" in text
+    # Outside the engine: the ingress 0.4 s and the raylet 1.3 s over the cell's 2 s (the new raylet's 5 s of
+    # CPU count too).
+    assert "| **outside engine** | 10 | **1,250.00** | **2.500** | **-** | **0.850** |" in text
+    # A result file from before the column: the table as it was.
+    old = {role: {k: v for k, v in s.items() if k != cpu.WAIT} for role, s in pooled["roles"].items()}
+    text = "\n".join(cpu.markdown("concurrency", [("4", "graph", {"cpu": {**pooled, "roles": old}})]))
+    assert "| graph | 4 | engine | 2 | 0.00 | 0.000 | - |\n" in text + "\n" and "waiting" not in text
+    assert "| **outside engine** | 10 | **1,250.00** | **2.500** | **-** |\n" in text
 
 
 def test_report_column_and_role_table() -> None:

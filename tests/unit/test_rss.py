@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,7 @@ from load.rss import (
     RssSample,
     RssSampler,
     StageRss,
+    main_thread_wait,
     markdown,
     mixed_clusters_warning,
     stage_of,
@@ -124,3 +127,15 @@ def test_two_clusters_are_flagged() -> None:
     both = [RssSample(0.0, stage_rss(TREE))]
     assert "2 Serve clusters" in mixed_clusters_warning(summarize(both))[0]
     assert mixed_clusters_warning(summarize([RssSample(0.0, stage_rss(TREE, root_pid=10))])) == []
+
+
+def test_main_thread_wait_is_the_run_queue_delay_of_schedstat(tmp_path: Path) -> None:
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "schedstat").write_text("123456789 2500000000 42\n")  # run ns, run-queue delay ns, slices
+    assert main_thread_wait(7, tmp_path) == 2.5
+    assert main_thread_wait(8, tmp_path) == 0.0  # gone: nothing to count
+    (tmp_path / "7" / "schedstat").write_text("")
+    assert main_thread_wait(7, tmp_path) == 0.0
+    if Path("/proc/self/schedstat").exists():  # the real file: the delay only grows (the run time read instead would
+        first = main_thread_wait(os.getpid())  # be far above the delay read after it)
+        assert 0.0 <= first <= int(Path(f"/proc/{os.getpid()}/schedstat").read_text().split()[1]) / 1e9
