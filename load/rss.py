@@ -45,9 +45,11 @@ class Proc:
     cpu_s: float = 0.0
     pgid: int = 0
     started: float = 0.0
-    # Seconds its main thread (an engine's step loop, a replica's event loop) has spent runnable but waiting
-    # for a CPU: the run-queue delay of /proc/<pid>/schedstat, 0.0 where the kernel does not keep it.
-    wait_s: float = 0.0
+    # Seconds its main thread has spent runnable but waiting for a CPU: the run-queue delay of
+    # /proc/<pid>/schedstat; None where it could not be read (gone since it was listed, or a kernel without
+    # schedstats). vLLM's engine processes step and `vllm serve`'s API server serves on that thread; a Ray
+    # worker's is the core worker's task loop, while its asyncio loop and Serve's user code run on others.
+    wait_s: float | None = None
 
 
 def lineage(table: Mapping[int, Proc], pid: int) -> list[int]:
@@ -115,13 +117,13 @@ def list_processes() -> list[Proc]:
     return procs
 
 
-def main_thread_wait(pid: int, proc_root: Path = Path("/proc")) -> float:
+def main_thread_wait(pid: int, proc_root: Path = Path("/proc")) -> float | None:
     """Seconds the main thread of `pid` has waited on a run queue (schedstat's second field, in ns: the
-    file under /proc/<pid> is the main thread's, not the process's); 0.0 when it cannot be read."""
+    file under /proc/<pid> is the main thread's, not the process's); None when it cannot be read."""
     try:
         return int((proc_root / str(pid) / "schedstat").read_text().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):  # gone since it was listed, or no schedstats in this kernel
-        return 0.0
+        return None
 
 
 def _pgid(pid: int) -> int:

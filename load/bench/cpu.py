@@ -27,10 +27,12 @@ idle replicas of other models): after the last cell the bench reads each target 
 what it spent above that rest per request. Cores a deployment needs outside its engines: its share at
 rest plus that times the request rate.
 
-Each process's main thread (an engine's step loop, a replica's event loop) also reports the time it was
-runnable but waiting for a CPU (`rss.Proc.wait_s`, its run-queue delay). On a machine with cores to
-spare that is near zero; where it is not, the table shows who was kept waiting, the engine first: it
-tells a process starved by its neighbours from one that has nothing to do.
+Each process's main thread also reports the time it was runnable but waiting for a CPU (`rss.Proc.wait_s`,
+its run-queue delay). For vLLM's engine core and worker that thread runs the steps, and for `vllm serve`'s
+API server its event loop: there the wait tells an engine starved by its neighbours from one with nothing
+to do. A Ray worker's main thread is the core worker's task loop, which wakes every 10 ms whatever the
+load (its asyncio loop and Serve's user code run on other threads): its wait is Ray's background, not
+its requests'. A process whose wait cannot be read adds none.
 
 Not counted: CPU of a process that exited during the cell (it is gone by the second reading) and of
 children a process reaped (the kernel adds those to the parent's children's times, which would
@@ -167,7 +169,7 @@ class Snapshot:
 class RoleCpu:
     cpu_s: float
     processes: int
-    wait_s: float = 0.0  # its processes' main threads' run-queue delay (rss.Proc.wait_s), added up
+    wait_s: float | None = None  # its processes' main threads' run-queue delay (rss.Proc.wait_s), added up
 
 
 @dataclass(frozen=True)
@@ -183,17 +185,21 @@ def usage(before: Snapshot, after: Snapshot, scope: Scope) -> CellCpu:
     snapshots. A process is the one read before when pid and start time match; one started in between
     counts from zero."""
     cpu: dict[str, float] = {}
-    wait: dict[str, float] = {}
+    wait: dict[str, float] = {}  # only roles with a process whose wait was read both times (or since it started)
     count: dict[str, int] = {}
     for pid in scope.members(after.procs):
         p = after.procs[pid]
         earlier = before.procs.get(pid)
         base = earlier if earlier is not None and earlier.started == p.started else None
         role = role_of(after.procs, pid)
-        cpu[role] = cpu.get(role, 0.0) + p.cpu_s - (base.cpu_s if base else 0.0)
-        wait[role] = wait.get(role, 0.0) + p.wait_s - (base.wait_s if base else 0.0)
+        cpu[role] = cpu.get(role, 0.0) + p.cpu_s - (base.cpu_s if base is not None else 0.0)
+        waited_before = base.wait_s if base is not None else 0.0
+        if p.wait_s is not None and waited_before is not None:
+            wait[role] = wait.get(role, 0.0) + p.wait_s - waited_before
         count[role] = count.get(role, 0) + 1
-    return CellCpu(after.at - before.at, {role: RoleCpu(cpu[role], count[role], wait[role]) for role in sorted(cpu)})
+    return CellCpu(
+        after.at - before.at, {role: RoleCpu(cpu[role], count[role], wait.get(role)) for role in sorted(cpu)}
+    )
 
 
 class Meter:
@@ -263,8 +269,10 @@ def pool(cells: Sequence[CellCpu | None], requests: int, rest: CellCpu | None = 
         summary[role] = {
             "processes": max(c.roles[role].processes for c in measured if role in c.roles),
             "cpu_s": cpu_s, "ms_per_request": per_request(cpu_s), "core_share": cpu_s / wall_s,
-            WAIT: sum(c.roles[role].wait_s for c in measured if role in c.roles) / wall_s,
         }  # fmt: skip
+        waits = [w for c in measured if role in c.roles and (w := c.roles[role].wait_s) is not None]
+        if waits:
+            summary[role][WAIT] = sum(waits) / wall_s
         if rest is not None:
             summary[role]["rest_core_share"] = _rest_share(rest, role)
     outside_s = sum(s["cpu_s"] for role, s in summary.items() if role != ENGINE)
@@ -306,8 +314,9 @@ def _row(*cells: object) -> str:
 def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[str]:
     """Per target and level, each role's CPU ms per successful request, share of a core, share at rest
     where it was read, and its main threads' wait for a CPU as a share of the wall time (a column only
-    where some role has it: result files from before it have none); the roles outside the engine summed;
-    a warning where a target's processes include several Serve clusters."""
+    where some role has it: result files from before it have none); the roles outside the engine summed
+    (their CPU, not their waits: those are of main threads of different kinds); a warning where a
+    target's processes include several Serve clusters."""
     measured = [(level, name, m["cpu"]) for level, name, m in rows if m.get("cpu") is not None]
     if not measured:
         return []
@@ -319,7 +328,8 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]
         "load/bench/cpu.py)"
         + (
             "; main threads waiting: the time the role's main threads were runnable but waiting for a CPU, as a "
-            "share of the wall time, added up over its processes" if waits else ""
+            "share of the wall time, added up over its processes (a Ray worker's main thread is Ray's task "
+            "loop, not its requests')" if waits else ""
         ),
         "",
         _row("target", level_name, "role", "processes", "CPU ms/req", "share of a core", "at rest",
@@ -340,8 +350,7 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]
         outside = [(role, s) for role, s in roles.items() if role != ENGINE]
         for role, s in sorted(outside, key=lambda item: -item[1]["cpu_s"]):
             lines.append(role_row(name, level, role, s))
-        waited = [s[WAIT] for _, s in outside if WAIT in s]
-        total = [_num(sum(waited) if len(waited) == len(outside) else None, 3)] if waits else []
+        total = ["-"] if waits else []  # main threads of different kinds: their waits do not add up to one thing
         lines.append(_row(
             name, level, f"**{OUTSIDE}**", sum(s["processes"] for _, s in outside),
             *(f"**{cell}**" for cell in (

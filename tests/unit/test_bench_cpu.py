@@ -119,16 +119,20 @@ def test_usage_per_role_between_two_readings() -> None:
 
 def test_main_threads_waiting_for_a_cpu() -> None:
     """A role's main threads' run-queue delay over the cell: added up over its processes, counted from zero
-    for a process started in between, and shown as a share of the wall time beside its CPU."""
+    for a process started in between, left out where it could not be read, and shown as a share of the
+    wall time beside its CPU."""
     before = cpu.Snapshot(10.0, table([replace(p, wait_s=1.0) for p in BEFORE.procs.values()]))
     waited = {21: 0.5, 22: 0.1, 23: 0.2, 24: 0.2, 12: 0.3}
     later = after({}, reused=12).procs
     now = cpu.Snapshot(12.0, {pid: replace(p, wait_s=1.0 + waited.get(pid, 0.0)) for pid, p in later.items()})
+    now.procs[24] = replace(now.procs[24], wait_s=None)  # exited between the listing and its schedstat
+    now.procs[27] = replace(now.procs[27], wait_s=None)
     usage = cpu.usage(before, now, cpu.Scope(frozenset({25}), ray=True))
     assert usage.roles["engine"].wait_s == pytest.approx(0.6)  # the engine core and its helper
-    assert usage.roles["llm-app:ingress"].wait_s == pytest.approx(0.4)
+    assert usage.roles["llm-app:ingress"].wait_s == pytest.approx(0.2)  # pid 24's unread wait adds nothing
     assert usage.roles["raylet"].wait_s == pytest.approx(1.3)  # a new process behind a reused pid: all its wait
-    assert usage.roles["controller"].wait_s == 0.0
+    assert usage.roles["proxy"].wait_s == 0.0
+    assert usage.roles["controller"].wait_s is None  # its only process: unknown
 
     pooled = cpu.pool([usage], requests=4)
     assert pooled is not None
@@ -136,10 +140,13 @@ def test_main_threads_waiting_for_a_cpu() -> None:
     text = "\n".join(cpu.markdown("concurrency", [("4", "graph", {"cpu": pooled})]))
     assert "| main threads waiting |" in text
     assert "| graph | 4 | engine | 2 | 0.00 | 0.000 | - | 0.300 |" in text
-    assert "| graph | 4 | llm-app:ingress | 2 | 0.00 | 0.000 | - | 0.200 |" in text
-    # Outside the engine: the ingress 0.4 s and the raylet 1.3 s over the cell's 2 s (the new raylet's 5 s of
-    # CPU count too).
-    assert "| **outside engine** | 10 | **1,250.00** | **2.500** | **-** | **0.850** |" in text
+    assert "| graph | 4 | llm-app:ingress | 2 | 0.00 | 0.000 | - | 0.100 |" in text
+    assert "| graph | 4 | controller | 1 | 0.00 | 0.000 | - | - |" in text
+    # Main threads of different kinds: not added up (the new raylet's 5 s of CPU count in its CPU).
+    assert "| **outside engine** | 10 | **1,250.00** | **2.500** | **-** | **-** |" in text
+    assert "|---|---:|---|---:|---:|---:|---:|---:|" in text  # eight columns
+    rows = [("4", "graph", {"cpu": pooled}), ("4", "empty", {"cpu": {"roles": {}}})]
+    assert "| empty | 4 | no process found | - | - | - | - | - |" in "\n".join(cpu.markdown("concurrency", rows))
     # A result file from before the column: the table as it was.
     old = {role: {k: v for k, v in s.items() if k != cpu.WAIT} for role, s in pooled["roles"].items()}
     text = "\n".join(cpu.markdown("concurrency", [("4", "graph", {"cpu": {**pooled, "roles": old}})]))

@@ -133,9 +133,10 @@ def test_main_thread_wait_is_the_run_queue_delay_of_schedstat(tmp_path: Path) ->
     (tmp_path / "7").mkdir()
     (tmp_path / "7" / "schedstat").write_text("123456789 2500000000 42\n")  # run ns, run-queue delay ns, slices
     assert main_thread_wait(7, tmp_path) == 2.5
-    assert main_thread_wait(8, tmp_path) == 0.0  # gone: nothing to count
+    assert main_thread_wait(8, tmp_path) is None  # gone: unknown, not zero
     (tmp_path / "7" / "schedstat").write_text("")
-    assert main_thread_wait(7, tmp_path) == 0.0
-    if Path("/proc/self/schedstat").exists():  # the real file: the delay only grows (the run time read instead would
-        first = main_thread_wait(os.getpid())  # be far above the delay read after it)
-        assert 0.0 <= first <= int(Path(f"/proc/{os.getpid()}/schedstat").read_text().split()[1]) / 1e9
+    assert main_thread_wait(7, tmp_path) is None
+    if Path("/proc/self/schedstat").exists():
+        # The real file: the delay only grows; the run time, read by mistake, would be far above it.
+        first = main_thread_wait(os.getpid())
+        assert first is not None and 0.0 <= first <= int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
