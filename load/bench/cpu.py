@@ -270,9 +270,10 @@ def pool(cells: Sequence[CellCpu | None], requests: int, rest: CellCpu | None = 
             "processes": max(c.roles[role].processes for c in measured if role in c.roles),
             "cpu_s": cpu_s, "ms_per_request": per_request(cpu_s), "core_share": cpu_s / wall_s,
         }  # fmt: skip
-        waits = [w for c in measured if role in c.roles and (w := c.roles[role].wait_s) is not None]
+        # Over the cells where the role's wait was read: a cell without it does not dilute the others.
+        waits = [(w, c.wall_s) for c in measured if role in c.roles and (w := c.roles[role].wait_s) is not None]
         if waits:
-            summary[role][WAIT] = sum(waits) / wall_s
+            summary[role][WAIT] = sum(w for w, _ in waits) / sum(wall for _, wall in waits)
         if rest is not None:
             summary[role]["rest_core_share"] = _rest_share(rest, role)
     outside_s = sum(s["cpu_s"] for role, s in summary.items() if role != ENGINE)

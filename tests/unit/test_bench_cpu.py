@@ -137,6 +137,10 @@ def test_main_threads_waiting_for_a_cpu() -> None:
     pooled = cpu.pool([usage], requests=4)
     assert pooled is not None
     assert pooled["roles"]["engine"]["main_thread_wait_share"] == pytest.approx(0.3)
+    # A second cell where the controller's wait was read: the first, unread, does not halve its share.
+    read = cpu.CellCpu(2.0, {**usage.roles, "controller": cpu.RoleCpu(0.0, 1, 0.4)})
+    both = cpu.pool([usage, read], requests=8)
+    assert both is not None and both["roles"]["controller"]["main_thread_wait_share"] == pytest.approx(0.2)
     text = "\n".join(cpu.markdown("concurrency", [("4", "graph", {"cpu": pooled})]))
     assert "| main threads waiting |" in text
     assert "| graph | 4 | engine | 2 | 0.00 | 0.000 | - | 0.300 |" in text
