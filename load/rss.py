@@ -35,6 +35,12 @@ _MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
+class ThreadTimes:
+    cpu_s: float
+    wait_s: float  # runnable but waiting on a run queue
+
+
+@dataclass(frozen=True)
 class Proc:
     pid: int
     ppid: int
@@ -45,11 +51,9 @@ class Proc:
     cpu_s: float = 0.0
     pgid: int = 0
     started: float = 0.0
-    # Seconds its main thread has spent runnable but waiting for a CPU: the run-queue delay of
-    # /proc/<pid>/schedstat; None where it could not be read (gone since it was listed, or a kernel without
-    # schedstats). vLLM's engine processes step and `vllm serve`'s API server serves on that thread; a Ray
-    # worker's is the core worker's task loop, while its asyncio loop and Serve's user code run on others.
-    wait_s: float | None = None
+    # Each thread's time on a CPU and waiting for one so far, by thread id (`list_processes(threads=True)`);
+    # None where not read or not readable (gone since it was listed, or a kernel without schedstats).
+    threads: Mapping[int, ThreadTimes] | None = None
 
 
 def lineage(table: Mapping[int, Proc], pid: int) -> list[int]:
@@ -101,8 +105,10 @@ def stage_rss(procs: Iterable[Proc], root_pid: int | None = None) -> dict[str, S
     return {stage: StageRss(rss[stage], count[stage]) for stage in sorted(rss)}
 
 
-def list_processes() -> list[Proc]:
-    """Every readable process of the machine (those that vanish or are not ours to read are skipped)."""
+def list_processes(threads: bool = False) -> list[Proc]:
+    """Every readable process of the machine (those that vanish or are not ours to read are skipped); with
+    `threads`, each one's threads' times too (a file per thread: for the CPU meter's readings around a
+    cell, not for a sampler reading every second)."""
     procs = []
     fields = ["pid", "ppid", "cmdline", "memory_info", "cpu_times", "create_time"]
     for p in psutil.process_iter(fields, ad_value=None):
@@ -112,18 +118,26 @@ def list_processes() -> list[Proc]:
             procs.append(Proc(
                 info["pid"], info["ppid"] or 0, " ".join(info["cmdline"]), info["memory_info"].rss,
                 cpu_s=cpu.user + cpu.system if cpu is not None else 0.0, pgid=_pgid(info["pid"]),
-                started=info["create_time"] or 0.0, wait_s=main_thread_wait(info["pid"]),
+                started=info["create_time"] or 0.0, threads=thread_times(info["pid"]) if threads else None,
             ))  # fmt: skip
     return procs
 
 
-def main_thread_wait(pid: int, proc_root: Path = Path("/proc")) -> float | None:
-    """Seconds the main thread of `pid` has waited on a run queue (schedstat's second field, in ns: the
-    file under /proc/<pid> is the main thread's, not the process's); None when it cannot be read."""
+def thread_times(pid: int, proc_root: Path = Path("/proc")) -> dict[int, ThreadTimes] | None:
+    """Each thread of `pid`: its time on a CPU and on a run queue so far (the first two fields of its
+    schedstat, in ns). None when none can be read: the process is gone, or the kernel keeps no schedstats."""
     try:
-        return int((proc_root / str(pid) / "schedstat").read_text().split()[1]) / 1e9
-    except (OSError, IndexError, ValueError):  # gone since it was listed, or no schedstats in this kernel
+        tasks = list((proc_root / str(pid) / "task").iterdir())
+    except OSError:
         return None
+    times = {}
+    for task in tasks:
+        try:
+            ran, waited = task.joinpath("schedstat").read_text().split()[:2]
+            times[int(task.name)] = ThreadTimes(int(ran) / 1e9, int(waited) / 1e9)
+        except (OSError, ValueError):  # a thread that ended since the listing, or no schedstats
+            continue
+    return times or None
 
 
 def _pgid(pid: int) -> int:

@@ -27,12 +27,11 @@ idle replicas of other models): after the last cell the bench reads each target 
 what it spent above that rest per request. Cores a deployment needs outside its engines: its share at
 rest plus that times the request rate.
 
-Each process's main thread also reports the time it was runnable but waiting for a CPU (`rss.Proc.wait_s`,
-its run-queue delay). For vLLM's engine core and worker that thread runs the steps, and for `vllm serve`'s
-API server its event loop: there the wait tells an engine starved by its neighbours from one with nothing
-to do. A Ray worker's main thread is the core worker's task loop, which wakes every 10 ms whatever the
-load (its asyncio loop and Serve's user code run on other threads): its wait is Ray's background, not
-its requests'. A process whose wait cannot be read adds none.
+For each process the bench also reads how long its busiest thread of the cell (the one that ran the most
+in it) was runnable but waiting for a CPU (`rss.ThreadTimes`, its run-queue delay). That is the thread
+doing the process's work: vLLM's engine core stepping, `vllm serve`'s event loop, a Serve replica's
+asyncio loop (not its main thread, Ray's task loop), one of HAProxy's threads. The wait tells a process
+starved by its neighbours from one with nothing to do. A process whose threads cannot be read adds none.
 
 Not counted: CPU of a process that exited during the cell (it is gone by the second reading) and of
 children a process reaped (the kernel adds those to the parent's children's times, which would
@@ -56,7 +55,8 @@ from load.rss import Proc
 
 ENGINE = "engine"
 OUTSIDE = "outside engine"
-WAIT = "main_thread_wait_share"  # a role's main threads' run-queue delay over a cell, per second of it
+WAIT = "busiest_thread_wait_share"  # a role's busiest threads' run-queue delay over a cell, per second of it
+_MAIN_WAIT = "main_thread_wait_share"  # the same of main threads, in result files of stop 29
 _ENGINE_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
 _EXECUTABLES = {"raylet": "raylet", "gcs_server": "gcs_server", "haproxy": "haproxy"}
 # Command-line markers of the other servers' processes and Ray's Python daemons, first match wins.
@@ -169,7 +169,7 @@ class Snapshot:
 class RoleCpu:
     cpu_s: float
     processes: int
-    wait_s: float | None = None  # its processes' main threads' run-queue delay (rss.Proc.wait_s), added up
+    wait_s: float | None = None  # its processes' busiest threads' run-queue delay (`busiest_wait`), added up
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ class CellCpu:
 
 
 def usage(before: Snapshot, after: Snapshot, scope: Scope) -> CellCpu:
-    """What each role of the scope's processes spent, and their main threads waited for a CPU, between the
+    """What each role of the scope's processes spent, and their busiest threads waited for a CPU, between the
     snapshots. A process is the one read before when pid and start time match; one started in between
     counts from zero."""
     cpu: dict[str, float] = {}
@@ -193,19 +193,34 @@ def usage(before: Snapshot, after: Snapshot, scope: Scope) -> CellCpu:
         base = earlier if earlier is not None and earlier.started == p.started else None
         role = role_of(after.procs, pid)
         cpu[role] = cpu.get(role, 0.0) + p.cpu_s - (base.cpu_s if base is not None else 0.0)
-        waited_before = base.wait_s if base is not None else 0.0
-        if p.wait_s is not None and waited_before is not None:
-            wait[role] = wait.get(role, 0.0) + p.wait_s - waited_before
+        if (waited := busiest_wait(base, p)) is not None:
+            wait[role] = wait.get(role, 0.0) + waited
         count[role] = count.get(role, 0) + 1
     return CellCpu(
         after.at - before.at, {role: RoleCpu(cpu[role], count[role], wait.get(role)) for role in sorted(cpu)}
     )
 
 
+def busiest_wait(before: Proc | None, after: Proc) -> float | None:
+    """The run-queue delay between the readings of `after`'s thread that ran the most between them (a
+    thread or process new since counts from zero); None when its threads were not read both times."""
+    earlier = {} if before is None else before.threads
+    if after.threads is None or earlier is None:
+        return None
+    zero = rss.ThreadTimes(0.0, 0.0)
+    ran_waited = [(t.cpu_s - earlier.get(tid, zero).cpu_s, t.wait_s - earlier.get(tid, zero).wait_s)
+                  for tid, t in after.threads.items()]  # fmt: skip
+    return max(ran_waited)[1]
+
+
+def _list_with_threads() -> list[Proc]:
+    return rss.list_processes(threads=True)
+
+
 class Meter:
     """Reads the process table for the runner and attributes a cell's CPU to its target's scope."""
 
-    def __init__(self, scopes: Mapping[str, Scope], list_procs: Callable[[], list[Proc]] = rss.list_processes) -> None:
+    def __init__(self, scopes: Mapping[str, Scope], list_procs: Callable[[], list[Proc]] = _list_with_threads) -> None:
         self.scopes = dict(scopes)
         self.list_procs = list_procs
 
@@ -228,7 +243,7 @@ def at_rest(
 
 
 def meter(
-    started: Mapping[str, int], urls: Mapping[str, str], list_procs: Callable[[], list[Proc]] = rss.list_processes,
+    started: Mapping[str, int], urls: Mapping[str, str], list_procs: Callable[[], list[Proc]] = _list_with_threads,
     listeners: Listeners = listening_pids,
 ) -> tuple[Meter, list[str]]:  # fmt: skip
     """A meter for the started targets (name -> main pid) and those given by URL, and the names of the
@@ -314,33 +329,38 @@ def _row(*cells: object) -> str:
 
 def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]) -> list[str]:
     """Per target and level, each role's CPU ms per successful request, share of a core, share at rest
-    where it was read, and its main threads' wait for a CPU as a share of the wall time (a column only
-    where some role has it: result files from before it have none); the roles outside the engine summed
-    (their CPU, not their waits: those are of main threads of different kinds); a warning where a
-    target's processes include several Serve clusters."""
+    where it was read, and its busiest threads' wait for a CPU as a share of the wall time (a column only
+    where some role has it: result files from before it have none, those of stop 29 the main threads'
+    instead); the roles outside the engine summed (their CPU, not their waits: those are of threads of
+    different kinds); a warning where a target's processes include several Serve clusters."""
     measured = [(level, name, m["cpu"]) for level, name, m in rows if m.get("cpu") is not None]
     if not measured:
         return []
-    waits = any(WAIT in s for _, _, cpu in measured for s in cpu["roles"].values())
+    keys = {key for _, _, cpu in measured for s in cpu["roles"].values() for key in (WAIT, _MAIN_WAIT) if key in s}
+    wait_key = WAIT if WAIT in keys else _MAIN_WAIT if keys else None
+    waits = wait_key is not None
+    threads = "busiest threads" if wait_key == WAIT else "main threads"
     lines = [
         "",
         "CPU time by process role, per successful request and as a share of one core, under load and at rest "
         "(user + system, read before and after each cell, and over `--rest` seconds after the last; "
         "load/bench/cpu.py)"
         + (
-            "; main threads waiting: the time the role's main threads were runnable but waiting for a CPU, as a "
-            "share of the wall time, added up over its processes (a Ray worker's main thread is Ray's task "
-            "loop, not its requests')" if waits else ""
+            f"; {threads} waiting: the time the role's {threads} were runnable but waiting for a CPU, as a "
+            "share of the wall time, added up over its processes"
+            + (" (a process's busiest thread of the cell)" if wait_key == WAIT else
+               " (a Ray worker's main thread is Ray's task loop, not its requests')")
+            if waits else ""
         ),
         "",
         _row("target", level_name, "role", "processes", "CPU ms/req", "share of a core", "at rest",
-             *(["main threads waiting"] if waits else [])),
+             *([f"{threads} waiting"] if waits else [])),
         "|---|---:|---|---:|---:|---:|---:|" + ("---:|" if waits else ""),
     ]  # fmt: skip
 
     def role_row(name: str, level: str, role: str, s: Mapping[str, Any]) -> str:
         cells = [name, level, role, s["processes"], _num(s["ms_per_request"], 2), _num(s["core_share"], 3)]
-        return _row(*cells, _num(s.get("rest_core_share"), 3), *([_num(s.get(WAIT), 3)] if waits else []))
+        return _row(*cells, _num(s.get("rest_core_share"), 3), *([_num(s.get(wait_key), 3)] if wait_key else []))
 
     mixed = []
     for level, name, cpu in measured:
@@ -351,7 +371,7 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]
         outside = [(role, s) for role, s in roles.items() if role != ENGINE]
         for role, s in sorted(outside, key=lambda item: -item[1]["cpu_s"]):
             lines.append(role_row(name, level, role, s))
-        total = ["-"] if waits else []  # main threads of different kinds: their waits do not add up to one thing
+        total = ["-"] if waits else []  # threads of different kinds: their waits do not add up to one thing
         lines.append(_row(
             name, level, f"**{OUTSIDE}**", sum(s["processes"] for _, s in outside),
             *(f"**{cell}**" for cell in (

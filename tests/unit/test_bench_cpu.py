@@ -10,7 +10,7 @@ from load.bench import cpu, report
 from load.bench.client import RequestRecord
 from load.bench.health import HealthSample
 from load.bench.runner import Cell, CellResult, Workload
-from load.rss import Proc
+from load.rss import Proc, ThreadTimes
 
 RAY = "/venv/lib/python3.11/site-packages/ray"
 BENCH = 99
@@ -117,36 +117,48 @@ def test_usage_per_role_between_two_readings() -> None:
     assert cpu.pool([None], requests=10) is None
 
 
-def test_main_threads_waiting_for_a_cpu() -> None:
-    """A role's main threads' run-queue delay over the cell: added up over its processes, counted from zero
-    for a process started in between, left out where it could not be read, and shown as a share of the
+def threads(*times: tuple[int, float, float]) -> dict[int, ThreadTimes]:
+    return {tid: ThreadTimes(ran, waited) for tid, ran, waited in times}
+
+
+def test_busiest_threads_waiting_for_a_cpu() -> None:
+    """A role's busiest threads' run-queue delay over the cell: of each process the thread that ran the most
+    in it (not the one that waited the most), counted from zero for a thread or process started in between,
+    added up over the role's processes, left out where it could not be read, and shown as a share of the
     wall time beside its CPU."""
-    before = cpu.Snapshot(10.0, table([replace(p, wait_s=1.0) for p in BEFORE.procs.values()]))
-    waited = {21: 0.5, 22: 0.1, 23: 0.2, 24: 0.2, 12: 0.3}
-    later = after({}, reused=12).procs
-    now = cpu.Snapshot(12.0, {pid: replace(p, wait_s=1.0 + waited.get(pid, 0.0)) for pid, p in later.items()})
-    now.procs[24] = replace(now.procs[24], wait_s=None)  # exited between the listing and its schedstat
-    now.procs[27] = replace(now.procs[27], wait_s=None)
-    usage = cpu.usage(before, now, cpu.Scope(frozenset({25}), ray=True))
+    idle = {pid: threads((pid, 1.0, 1.0), (pid + 1000, 1.0, 1.0)) for pid in BEFORE.procs}
+    before = cpu.Snapshot(10.0, {pid: replace(p, threads=idle[pid]) for pid, p in BEFORE.procs.items()})
+    now = {pid: replace(p, threads=idle[pid]) for pid, p in after({}, reused=12).procs.items()}
+    now[21] = replace(now[21], threads=threads((21, 2.0, 1.5), (1021, 1.1, 1.9)))  # stepping: ran 1.0, waited 0.5
+    now[22] = replace(now[22], threads=threads((22, 1.2, 1.1), (1022, 1.0, 1.0)))
+    now[23] = replace(now[23], threads=threads((23, 1.01, 1.05), (1023, 1.0, 1.0), (5023, 0.3, 0.2)))  # new loop
+    now[24] = replace(now[24], threads=None)  # exited between the listing and its threads
+    now[27] = replace(now[27], threads=None)
+    now[12] = replace(now[12], threads=threads((12, 0.5, 1.3), (1012, 0.1, 0.1)))
+    usage = cpu.usage(before, cpu.Snapshot(12.0, now), cpu.Scope(frozenset({25}), ray=True))
     assert usage.roles["engine"].wait_s == pytest.approx(0.6)  # the engine core and its helper
     assert usage.roles["llm-app:ingress"].wait_s == pytest.approx(0.2)  # pid 24's unread wait adds nothing
     assert usage.roles["raylet"].wait_s == pytest.approx(1.3)  # a new process behind a reused pid: all its wait
     assert usage.roles["proxy"].wait_s == 0.0
     assert usage.roles["controller"].wait_s is None  # its only process: unknown
+    unread_before = cpu.Snapshot(10.0, {**before.procs, 21: replace(before.procs[21], threads=None)})
+    assert cpu.usage(unread_before, cpu.Snapshot(12.0, now), cpu.Scope(frozenset({25}), ray=True)).roles[
+        "engine"
+    ].wait_s == pytest.approx(0.1)  # the core's threads unread before the cell: its helper's only
 
     pooled = cpu.pool([usage], requests=4)
     assert pooled is not None
-    assert pooled["roles"]["engine"]["main_thread_wait_share"] == pytest.approx(0.3)
+    assert pooled["roles"]["engine"]["busiest_thread_wait_share"] == pytest.approx(0.3)
     # A second cell where the controller's wait was read: the first, unread, does not halve its share.
     read = cpu.CellCpu(2.0, {**usage.roles, "controller": cpu.RoleCpu(0.0, 1, 0.4)})
     both = cpu.pool([usage, read], requests=8)
-    assert both is not None and both["roles"]["controller"]["main_thread_wait_share"] == pytest.approx(0.2)
+    assert both is not None and both["roles"]["controller"]["busiest_thread_wait_share"] == pytest.approx(0.2)
     text = "\n".join(cpu.markdown("concurrency", [("4", "graph", {"cpu": pooled})]))
-    assert "| main threads waiting |" in text
+    assert "| busiest threads waiting |" in text
     assert "| graph | 4 | engine | 2 | 0.00 | 0.000 | - | 0.300 |" in text
     assert "| graph | 4 | llm-app:ingress | 2 | 0.00 | 0.000 | - | 0.100 |" in text
     assert "| graph | 4 | controller | 1 | 0.00 | 0.000 | - | - |" in text
-    # Main threads of different kinds: not added up (the new raylet's 5 s of CPU count in its CPU).
+    # Threads of different kinds: not added up (the new raylet's 5 s of CPU count in its CPU).
     assert "| **outside engine** | 10 | **1,250.00** | **2.500** | **-** | **-** |" in text
     assert "|---|---:|---|---:|---:|---:|---:|---:|" in text  # eight columns
     rows = [("4", "graph", {"cpu": pooled}), ("4", "empty", {"cpu": {"roles": {}}})]
@@ -156,6 +168,12 @@ def test_main_threads_waiting_for_a_cpu() -> None:
     text = "\n".join(cpu.markdown("concurrency", [("4", "graph", {"cpu": {**pooled, "roles": old}})]))
     assert "| graph | 4 | engine | 2 | 0.00 | 0.000 | - |\n" in text + "\n" and "waiting" not in text
     assert "| **outside engine** | 10 | **1,250.00** | **2.500** | **-** |\n" in text
+    # A result file of stop 29, with its main threads' waits: shown as such.
+    renamed = {cpu.WAIT: "main_thread_wait_share"}
+    main = {role: {renamed.get(k, k): v for k, v in s.items()} for role, s in pooled["roles"].items()}
+    text = "\n".join(cpu.markdown("concurrency", [("4", "graph", {"cpu": {**pooled, "roles": main}})]))
+    assert "| main threads waiting |" in text and "busiest" not in text
+    assert "| graph | 4 | engine | 2 | 0.00 | 0.000 | - | 0.300 |" in text
 
 
 def test_report_column_and_role_table() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -14,12 +15,13 @@ from load.rss import (
     RssSample,
     RssSampler,
     StageRss,
-    main_thread_wait,
+    ThreadTimes,
     markdown,
     mixed_clusters_warning,
     stage_of,
     stage_rss,
     summarize,
+    thread_times,
 )
 
 # Two Serve clusters: the one under launcher 10, and another one's controller under raylet 40.
@@ -129,14 +131,17 @@ def test_two_clusters_are_flagged() -> None:
     assert mixed_clusters_warning(summarize([RssSample(0.0, stage_rss(TREE, root_pid=10))])) == []
 
 
-def test_main_thread_wait_is_the_run_queue_delay_of_schedstat(tmp_path: Path) -> None:
-    (tmp_path / "7").mkdir()
-    (tmp_path / "7" / "schedstat").write_text("123456789 2500000000 42\n")  # run ns, run-queue delay ns, slices
-    assert main_thread_wait(7, tmp_path) == 2.5
-    assert main_thread_wait(8, tmp_path) is None  # gone: unknown, not zero
-    (tmp_path / "7" / "schedstat").write_text("")
-    assert main_thread_wait(7, tmp_path) is None
-    if Path("/proc/self/schedstat").exists():
-        # The real file: the delay only grows; the run time, read by mistake, would be far above it.
-        first = main_thread_wait(os.getpid())
-        assert first is not None and 0.0 <= first <= int(Path("/proc/self/schedstat").read_text().split()[1]) / 1e9
+def test_thread_times_are_each_threads_schedstat(tmp_path: Path) -> None:
+    for tid, stat in (("7", "1500000000 2500000000 42\n"), ("9", "250000000 0 3\n"), ("10", "")):
+        (tmp_path / "7" / "task" / tid).mkdir(parents=True)
+        (tmp_path / "7" / "task" / tid / "schedstat").write_text(stat)  # run ns, run-queue delay ns, slices
+    assert thread_times(7, tmp_path) == {7: ThreadTimes(1.5, 2.5), 9: ThreadTimes(0.25, 0.0)}  # 10: unreadable
+    assert thread_times(8, tmp_path) is None  # gone: unknown, not zero
+    (tmp_path / "7" / "task" / "7" / "schedstat").write_text("")
+    (tmp_path / "7" / "task" / "9" / "schedstat").write_text("")
+    assert thread_times(7, tmp_path) is None  # no schedstats in this kernel
+    if Path("/proc/self/task").exists() and Path("/proc/self/schedstat").exists():
+        # The real files: this thread's is among them, and its run time is the first field.
+        mine = thread_times(os.getpid())
+        assert mine is not None and threading.get_native_id() in mine
+        assert 0.0 < mine[threading.get_native_id()].cpu_s <= time.thread_time() + 0.1
