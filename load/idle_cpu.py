@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from load import rss
 from load.bench import cpu
 from load.meta import run_meta
 
@@ -48,7 +49,7 @@ def markdown(targets: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def measure(urls: Mapping[str, str], seconds: float) -> dict[str, dict[str, Any]]:
-    meter, missing = cpu.meter({}, urls)
+    meter, missing = cpu.meter({}, urls, list_procs=rss.list_processes)  # CPU only: no thread times
     if missing:
         raise SystemExit(f"no process of this machine listens for {', '.join(missing)}")
     return {name: shares(cell) for name, cell in cpu.at_rest(meter, list(urls), seconds).items()}

@@ -29,9 +29,10 @@ rest plus that times the request rate.
 
 For each process the bench also reads how long its busiest thread of the cell (the one that ran the most
 in it) was runnable but waiting for a CPU (`rss.ThreadTimes`, its run-queue delay). That is the thread
-doing the process's work: vLLM's engine core stepping, `vllm serve`'s event loop, a Serve replica's
-asyncio loop (not its main thread, Ray's task loop), one of HAProxy's threads. The wait tells a process
-starved by its neighbours from one with nothing to do. A process whose threads cannot be read adds none.
+doing the process's work: vLLM's engine core stepping, `vllm serve`'s event loop, the thread a Serve
+replica's requests run on (not its main thread, Ray's task loop), one of HAProxy's threads. The wait
+tells a process starved by its neighbours from one with nothing to do. A process whose threads cannot be
+read adds none.
 
 Not counted: CPU of a process that exited during the cell (it is gone by the second reading) and of
 children a process reaped (the kernel adds those to the parent's children's times, which would
@@ -205,12 +206,13 @@ def busiest_wait(before: Proc | None, after: Proc) -> float | None:
     """The run-queue delay between the readings of `after`'s thread that ran the most between them (a
     thread or process new since counts from zero); None when its threads were not read both times."""
     earlier = {} if before is None else before.threads
-    if after.threads is None or earlier is None:
+    if not after.threads or earlier is None:
         return None
     zero = rss.ThreadTimes(0.0, 0.0)
+    # A thread id reused within the process between the readings ran less than nothing: never picked.
     ran_waited = [(t.cpu_s - earlier.get(tid, zero).cpu_s, t.wait_s - earlier.get(tid, zero).wait_s)
                   for tid, t in after.threads.items()]  # fmt: skip
-    return max(ran_waited)[1]
+    return max(ran_waited, key=lambda rw: rw[0])[1]
 
 
 def _list_with_threads() -> list[Proc]:
@@ -338,7 +340,6 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]
         return []
     keys = {key for _, _, cpu in measured for s in cpu["roles"].values() for key in (WAIT, _MAIN_WAIT) if key in s}
     wait_key = WAIT if WAIT in keys else _MAIN_WAIT if keys else None
-    waits = wait_key is not None
     threads = "busiest threads" if wait_key == WAIT else "main threads"
     lines = [
         "",
@@ -350,12 +351,12 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]
             "share of the wall time, added up over its processes"
             + (" (a process's busiest thread of the cell)" if wait_key == WAIT else
                " (a Ray worker's main thread is Ray's task loop, not its requests')")
-            if waits else ""
+            if wait_key else ""
         ),
         "",
         _row("target", level_name, "role", "processes", "CPU ms/req", "share of a core", "at rest",
-             *([f"{threads} waiting"] if waits else [])),
-        "|---|---:|---|---:|---:|---:|---:|" + ("---:|" if waits else ""),
+             *([f"{threads} waiting"] if wait_key else [])),
+        "|---|---:|---|---:|---:|---:|---:|" + ("---:|" if wait_key else ""),
     ]  # fmt: skip
 
     def role_row(name: str, level: str, role: str, s: Mapping[str, Any]) -> str:
@@ -366,12 +367,12 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]
     for level, name, cpu in measured:
         roles = cpu["roles"]
         if not roles:
-            lines.append(_row(name, level, "no process found", *["-"] * (5 if waits else 4)))
+            lines.append(_row(name, level, "no process found", *["-"] * (5 if wait_key else 4)))
             continue
         outside = [(role, s) for role, s in roles.items() if role != ENGINE]
         for role, s in sorted(outside, key=lambda item: -item[1]["cpu_s"]):
             lines.append(role_row(name, level, role, s))
-        total = ["-"] if waits else []  # threads of different kinds: their waits do not add up to one thing
+        total = ["-"] if wait_key else []  # threads of different kinds: their waits do not add up to one thing
         lines.append(_row(
             name, level, f"**{OUTSIDE}**", sum(s["processes"] for _, s in outside),
             *(f"**{cell}**" for cell in (

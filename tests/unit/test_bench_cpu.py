@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +147,9 @@ def test_busiest_threads_waiting_for_a_cpu() -> None:
     assert cpu.usage(unread_before, cpu.Snapshot(12.0, now), cpu.Scope(frozenset({25}), ray=True)).roles[
         "engine"
     ].wait_s == pytest.approx(0.1)  # the core's threads unread before the cell: its helper's only
+    assert cpu.busiest_wait(None, replace(now[21], threads={})) is None  # no thread read: unknown
+    if Path("/proc/self/schedstat").exists():  # the meter's own readings take threads
+        assert cpu.Meter({}).snapshot().procs[os.getpid()].threads is not None
 
     pooled = cpu.pool([usage], requests=4)
     assert pooled is not None

@@ -16,6 +16,7 @@ from load.rss import (
     RssSampler,
     StageRss,
     ThreadTimes,
+    list_processes,
     markdown,
     mixed_clusters_warning,
     stage_of,
@@ -145,3 +146,12 @@ def test_thread_times_are_each_threads_schedstat(tmp_path: Path) -> None:
         mine = thread_times(os.getpid())
         assert mine is not None and threading.get_native_id() in mine
         assert 0.0 < mine[threading.get_native_id()].cpu_s <= time.thread_time() + 0.1
+
+
+def test_threads_are_read_only_when_asked() -> None:
+    """The CPU meter's readings take every thread's times; the RSS sampler, once a second, does not."""
+    me = os.getpid()
+    assert next(p for p in list_processes() if p.pid == me).threads is None
+    if Path("/proc/self/schedstat").exists():
+        mine = next(p for p in list_processes(threads=True) if p.pid == me).threads
+        assert mine is not None and threading.get_native_id() in mine
