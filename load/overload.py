@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         url = started[opts.start.partition(":")[0]] if opts.start else opts.target.rstrip("/")
         with httpx.Client(timeout=60) as client:
             model = fetch_model(client, url, CAPABILITY.get(opts.dataset))
-        dataset = build_dataset(opts, {NAME: url}, {NAME: model})
+        dataset, _ = build_dataset(opts, {NAME: url}, {NAME: model})
         # The graph this run started descends from this process: count its processes only.
         root_pid = os.getpid() if opts.start and opts.rss_root_pid is None else opts.rss_root_pid
         progress = Progress(phases, opts.no_progress)

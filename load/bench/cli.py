@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from load.bench import cpu, images, report, targets, tts
+from load.bench import cpu, images, report, targets, text_probe, tts
 from load.bench.client import RequestRecord
 from load.bench.datasets import (
     CAPABILITY,
@@ -124,6 +124,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--max-duration", type=float, help=f"seconds a cell may run for --min-streams (default {MAX_DURATION_S:g}, "
         "or --duration if longer)",
     )  # fmt: skip
+    p.add_argument(
+        "--text-probe-interval", type=float, default=0.0, metavar="SECONDS",
+        help="beside the load, a short text request to the same model every this many seconds, one at a time, "
+        "its TTFT reported apart (what a user waits for while images or long prompts load the server); 0: none",
+    )  # fmt: skip
+    p.add_argument("--text-probe-len", type=int, default=32, help="prompt tokens of each text probe")
     p.add_argument("--no-cpu", action="store_true", help="do not read the targets' processes' CPU time")
     p.add_argument(
         "--rest", type=float, default=30.0, metavar="SECONDS",
@@ -157,6 +163,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if opts.min_streams < 0 or (opts.max_duration is not None and opts.max_duration < opts.duration):
         p.error("--min-streams must not be negative, --max-duration not below --duration")
     opts.max_duration = opts.max_duration or max(MAX_DURATION_S, opts.duration)
+    if opts.text_probe_interval < 0 or opts.text_probe_len < 1:
+        p.error("--text-probe-interval must not be negative, --text-probe-len must be positive")
+    if opts.text_probe_interval and opts.dataset == "tts":
+        p.error("--text-probe-interval: text probes go to a text model's endpoint, not to speech")
     if opts.max_concurrency is not None and opts.request_rate is None:
         p.error("--max-concurrency only applies with --request-rate")
     too_short = opts.input_len is not None and opts.input_len < 1  # None: speech has --tts-input-chars
@@ -209,11 +219,14 @@ class Bar:
         self.bar.close()
 
 
-def build_dataset(opts: argparse.Namespace, urls: dict[str, str], models: dict[str, ModelInfo]) -> Dataset:
+def build_dataset(
+    opts: argparse.Namespace, urls: dict[str, str], models: dict[str, ModelInfo]
+) -> tuple[Dataset, list[str]]:
     """The prompts, built with the first target's tokenizer: every target gets the same text (and images,
-    all encoded here, before the run). Speech needs no tokenizer: it is built from characters."""
+    all encoded here, before the run); and the words they are made of, one token each. Speech needs no
+    tokenizer: it is built from characters (no words)."""
     if opts.dataset == "tts":
-        return tts.from_options(opts, opts.seed)
+        return tts.from_options(opts, opts.seed), []
     first = next(iter(urls))
     with httpx.Client(timeout=60) as client:
         words = single_token_words(client, urls[first], models[first].name)
@@ -222,11 +235,11 @@ def build_dataset(opts: argparse.Namespace, urls: dict[str, str], models: dict[s
         if not contexts:
             raise SystemExit("--dataset long needs max_model_len in the targets' GET /v1/models")
         input_lens = long_input_lens(min(contexts), opts.output_len, opts.long_fractions)
-        return WordDataset(tuple(words), input_lens, opts.output_len, opts.seed)
+        return WordDataset(tuple(words), input_lens, opts.output_len, opts.seed), words
     text = WordDataset(tuple(words), (opts.input_len,), opts.output_len, opts.seed)
     if opts.dataset == "random":
-        return text
-    return images.from_options(opts, text)
+        return text, words
+    return images.from_options(opts, text), words
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -241,22 +254,24 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         rotate=not opts.no_rotate, seed=opts.seed, honor_retry_after=opts.honor_retry_after,
         # Pooled over the rounds, each cell's share makes the target and level reach --min-streams.
         min_ok=-(-opts.min_streams // opts.rounds) if opts.endpoint == "speech" else 0,
-        max_duration_s=opts.max_duration, rest_s=opts.rest,
+        max_duration_s=opts.max_duration, rest_s=opts.rest, text_probe_interval_s=opts.text_probe_interval,
     )  # fmt: skip
     pids: dict[str, int] = {}
     with targets.started(opts.start, out, pids) as started:
         urls: dict[str, str] = {**started, **opts.urls}
         with httpx.Client(timeout=60) as client:
             models = {name: fetch_model(client, url, CAPABILITY.get(opts.dataset)) for name, url in urls.items()}
-        dataset = build_dataset(opts, urls, models)
+        dataset, words = build_dataset(opts, urls, models)
+        probe_prompts = text_probe.dataset(words, opts.text_probe_len, opts.seed) if opts.text_probe_interval else None
         meter, unmeasured = cpu.meter(pids, opts.urls) if not opts.no_cpu else (None, [])
         if unmeasured:
             print(f"CPU not measured for {', '.join(unmeasured)}: no process of this machine listens on its port")
         bar = Bar(len(levels) * opts.rounds * len(urls), disable=opts.no_progress)
         try:
             runner = Runner(
-                [Target(name, url, models[name].name) for name, url in urls.items()], dataset, workload, bar, meter
-            )
+                [Target(name, url, models[name].name) for name, url in urls.items()], dataset, workload, bar, meter,
+                probe_prompts,
+            )  # fmt: skip
             cells = asyncio.run(runner.run())
             rest = runner.rest
         finally:

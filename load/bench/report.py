@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from load.bench import cpu, health, metrics
+from load.bench import cpu, health, metrics, text_probe
 from load.bench.client import RequestRecord
 from load.bench.runner import CellResult, Workload
 from load.bench.sse import STAGE_HEADERS
@@ -57,6 +57,8 @@ def build(
             pooled["health_ms"] = health.summarize([s for c in mine for s in c.health])
             pooled["client_loop_lag_ms"] = summary_ms([lag for c in mine for lag in c.loop_lag])
             pooled["cpu"] = cpu.pool([c.cpu for c in mine], pooled["completed"], (rest or {}).get(name))
+            if probes := text_probe.summarize([r for c in mine for r in c.text_probes]):
+                pooled["text_probe"] = probes
             results[name][level_key(level)] = pooled
     return {
         "config": config,
@@ -91,6 +93,8 @@ def _cell_line(c: CellResult, t0: float, compute: Compute) -> dict[str, Any]:
     else:
         latencies = {"ttft_p50_ms": m["ttft_ms"]["p50"], "tpot_p50_ms": m["tpot_ms"]["p50"]}
     cell_cpu = cpu.pool([c.cpu], m["completed"])
+    if probes := text_probe.summarize(c.text_probes):
+        latencies["text_probe_ttft_p50_ms"] = probes["ttft_ms"]["p50"]
     return {
         "round": c.cell.round, "level": level_key(c.cell.level), "target": c.cell.target,
         "start_s": round(c.started_at - t0, 3), "duration_s": c.duration_s,
@@ -273,6 +277,7 @@ def markdown(results: dict[str, Any]) -> str:
     speech = results.get("endpoint") == "speech"
     lines = _speech_table(level_name, rows) if speech else _text_tables(results, level_name, rows)
     lines += _vs_graph(results, level_name, speech)
+    lines += text_probe.markdown(level_name, rows, results["config"].get("text_probe_interval"))
     lines += cpu.markdown(level_name, rows)
     stages = [stage for stage in STAGE_HEADERS.values() if any(stage in m["stage_ms"] for _, _, m in rows)]
     if stages:

@@ -8,15 +8,15 @@ import asyncio
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 import httpx
 
-from load.bench import tts
+from load.bench import text_probe, tts
 from load.bench.client import Endpoint, RequestRecord, send
 from load.bench.cpu import CellCpu, Meter, at_rest
-from load.bench.datasets import Dataset
+from load.bench.datasets import Dataset, WordDataset
 from load.bench.health import HealthSample, loop_lag, probe
 
 Mode = Literal["concurrency", "rate"]
@@ -61,6 +61,8 @@ class Workload:
     # After the last cell, every target's CPU is read this long with nothing sent but the `/health`
     # probes each cell sends too (`Runner.rest`): what its processes spend on their own. 0: not read.
     rest_s: float = 0.0
+    # Short text requests sent beside the load every this many seconds (`text_probe.py`); 0: none.
+    text_probe_interval_s: float = 0.0
 
 
 @dataclass
@@ -72,6 +74,7 @@ class CellResult:
     health: list[HealthSample]
     loop_lag: list[float]  # seconds, see health.loop_lag
     cpu: CellCpu | None = None  # the target's processes' CPU time over the cell, see cpu.py
+    text_probes: list[RequestRecord] = field(default_factory=list)  # see text_probe.py
 
 
 class Progress(Protocol):
@@ -161,14 +164,17 @@ class Runner:
 
     def __init__(
         self, targets: Sequence[Target], dataset: Dataset, workload: Workload, progress: Progress,
-        cpu: Meter | None = None,
+        cpu: Meter | None = None, probe_prompts: WordDataset | None = None,
     ) -> None:  # fmt: skip
+        """`probe_prompts`: the text probes' prompts, when `workload.text_probe_interval_s` sends any."""
         self.targets = {t.name: t for t in targets}
         self.dataset = dataset
         self.workload = workload
         self.progress = progress
         self.cpu = cpu
         self.next_prompt = dict.fromkeys(self.targets, 0)
+        self.probe_prompts = probe_prompts
+        self.next_probe = dict.fromkeys(self.targets, 0)
         self.rest: dict[str, CellCpu] = {}  # read by `run`
 
     def _sender(self, client: httpx.AsyncClient, target: Target, report: bool) -> SendNext:
@@ -235,6 +241,7 @@ class Runner:
         stop = asyncio.Event()
         probes = asyncio.create_task(probe(health_client, target.url, stop, w.health_interval_s))
         lags = asyncio.create_task(loop_lag(stop))
+        texts = asyncio.create_task(self._text_probes(health_client, target, stop))
         started_at = time.perf_counter()
         if w.mode == "concurrency":
             records = await closed_loop(
@@ -246,8 +253,19 @@ class Runner:
             records = await open_loop(send_next, arrival_offsets(cell.level, w.duration_s, rng), w.max_concurrency)
         duration_s = time.perf_counter() - started_at
         stop.set()
-        health, lag = await probes, await lags
+        health, lag, text_probes = await probes, await lags, await texts
         cpu = None
         if self.cpu and before:
             cpu = self.cpu.measure(cell.target, before, await asyncio.to_thread(self.cpu.snapshot))
-        return CellResult(cell, started_at, duration_s, records, health, lag, cpu)
+        return CellResult(cell, started_at, duration_s, records, health, lag, cpu, text_probes)
+
+    async def _text_probes(self, client: httpx.AsyncClient, target: Target, stop: asyncio.Event) -> list[RequestRecord]:
+        w = self.workload
+        if self.probe_prompts is None or w.text_probe_interval_s <= 0 or w.endpoint == "speech":
+            return []
+        records = await text_probe.probe(
+            client, target.url, w.endpoint, target.model, self.probe_prompts, self.next_probe[target.name], stop,
+            w.text_probe_interval_s,
+        )  # fmt: skip
+        self.next_probe[target.name] += len(records)  # the next cell's probes go on from here: no prompt twice
+        return records
