@@ -110,7 +110,8 @@ def _failures(failed: Sequence[RequestRecord]) -> dict[str, Any]:
     }
 
 
-def _stages_ms(good: Sequence[RequestRecord]) -> dict[str, dict[str, float]]:
+def stages_ms(good: Sequence[RequestRecord]) -> dict[str, dict[str, float]]:
+    """Each stage time the server reported (X-*-Time headers), summarized over the requests that had it."""
     stages = sorted({stage for r in good for stage in r.stage_ms})
     return {s: summarize_ms([r.stage_ms[s] / 1000 for r in good if s in r.stage_ms]) for s in stages}
 
@@ -136,7 +137,7 @@ def compute(records: Sequence[RequestRecord], duration_s: float, slos_ms: dict[s
         "tpot_ms": summarize_ms(tpots),
         "itl_ms": summarize_ms([gap for r in good for gap in itls(r)]),
         "e2el_ms": _latencies_ms(good),
-        "stage_ms": _stages_ms(good),
+        "stage_ms": stages_ms(good),
     }
 
 
@@ -201,5 +202,5 @@ def compute_speech(records: Sequence[RequestRecord], duration_s: float, underrun
         "underrun_ms": summarize(underruns_ms),
         "underrun_threshold_ms": underrun_threshold_ms,
         "underrun_rate": sum(u > underrun_threshold_ms for u in underruns_ms) / len(streams) if streams else None,
-        "stage_ms": _stages_ms(good),
+        "stage_ms": stages_ms(good),
     }

@@ -20,7 +20,7 @@ import httpx
 
 from load.bench.client import Endpoint, RequestRecord, send
 from load.bench.datasets import WordDataset
-from load.bench.metrics import ttfts
+from load.bench.metrics import stages_ms, ttfts
 from load.stats import summary_ms
 
 # The probes' prompts are seeded apart from the load's, so no probe shares a prefix with a load prompt.
@@ -48,11 +48,13 @@ async def probe(
 
 
 def summarize(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
-    """TTFT in ms of the probes that were served, and how many failed; None when none was sent."""
+    """TTFT in ms of the probes that were served and the stage times their server reported, and how many
+    failed; None when none was sent."""
     if not records:
         return None
-    return {"sent": len(records), "failed": sum(not r.ok for r in records),
-            "ttft_ms": summary_ms(ttfts([r for r in records if r.ok]))}  # fmt: skip
+    good = [r for r in records if r.ok]
+    return {"sent": len(records), "failed": len(records) - len(good), "ttft_ms": summary_ms(ttfts(good)),
+            "stage_ms": stages_ms(good)}  # fmt: skip
 
 
 def markdown(level_name: str, rows: Sequence[tuple[str, str, dict[str, Any]]], interval_s: float | None) -> list[str]:
@@ -66,14 +68,16 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, dict[str, Any]]], i
         f"Short text requests beside the load (one at a time, {every}, one token out; TTFT in ms): what a user "
         "of the same model waits for while the load keeps the server busy",
         "",
-        f"| target | {level_name} | sent | failed | TTFT mean | p50 | p95 | p99 | max |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| target | {level_name} | sent | failed | TTFT mean | p50 | p95 | p99 | max | server stages p50 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for level, name, p in probed:
         t = p["ttft_ms"]
         lines.append(
             f"| {name} | {level} | {p['sent']} | {p['failed']} | "
             + " | ".join(_ms(t[k]) for k in ("mean", "p50", "p95", "p99", "max"))
+            + " | "
+            + (", ".join(f"{stage} {_ms(s['p50'])}" for stage, s in p.get("stage_ms", {}).items()) or "-")
             + " |"
         )
     return lines

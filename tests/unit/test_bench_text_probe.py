@@ -24,8 +24,9 @@ from tests.unit.conftest import MODEL_NAME
 WORDS = ("the", "of", "and", "to")
 
 
-def served(ttft: float) -> RequestRecord:
-    return RequestRecord(sent_at=0.0, input_len=8, status=200, latency=ttft, content_times=[ttft])
+def served(ttft: float, stages: dict[str, float] | None = None) -> RequestRecord:
+    return RequestRecord(sent_at=0.0, input_len=8, status=200, latency=ttft, content_times=[ttft],
+                         stage_ms=stages or {})  # fmt: skip
 
 
 def refused() -> RequestRecord:
@@ -98,7 +99,8 @@ def cell(target: str, probes: list[RequestRecord]) -> CellResult:
 def test_the_report_pools_probes_and_shows_their_table_only_when_sent() -> None:
     workload = Workload(mode="concurrency", levels=(8.0,), duration_s=1.0, text_probe_interval_s=0.5)
     targets = {"graph": {"url": "http://a"}, "vllm": {"url": "http://b"}}
-    cells = [cell("graph", [served(0.04), served(0.06)]), cell("vllm", [refused()])]
+    probes = [served(0.04, {"tokenizer": 1.0, "llm_first_chunk": 30.0}), served(0.06, {"llm_first_chunk": 50.0})]
+    cells = [cell("graph", probes), cell("vllm", [refused()])]
     results = report.jsonable(report.build(cells, workload, targets, {"text_probe_interval": 0.5}, {}))
     json.dumps(results, allow_nan=False)
     assert results["results"]["graph"]["8"]["text_probe"]["ttft_ms"]["p50"] == pytest.approx(50.0)
@@ -106,7 +108,8 @@ def test_the_report_pools_probes_and_shows_their_table_only_when_sent() -> None:
     table = report.markdown(results)
     assert "Short text requests beside the load (one at a time, every 0.5 s" in table
     assert "| graph | 8 | 2 | 0 | 50.0 | 50.0 |" in table
-    assert "| vllm | 8 | 1 | 1 | - | - | - | - | - |" in table  # none served: no TTFT
+    assert "| llm_first_chunk 40.0, tokenizer 1.0 |" in table  # each stage over the probes that reported it
+    assert "| vllm | 8 | 1 | 1 | - | - | - | - | - | - |" in table  # none served: no TTFT, no stages
 
     without = report.jsonable(report.build([cell("graph", []), cell("vllm", [])], workload, targets, {}, {}))
     assert "text_probe" not in without["results"]["graph"]["8"] and "text_probe_ttft_p50_ms" not in without["cells"][0]
