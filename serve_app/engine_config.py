@@ -52,6 +52,13 @@ class EngineConfig(Strict):
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."
     )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        default="fcfs",
+        description="How the engine picks among waiting requests. `fcfs`: in arrival order. `priority`: by the "
+        "request's `priority` (lower first, then arrival; vLLM's `--scheduling-policy priority`), preempting "
+        "running requests of a later priority when its slots are full. Requests that set a `priority` other "
+        "than 0 are refused (400) by an engine that schedules `fcfs`.",
+    )
     max_num_seqs: int = Field(default=256, ge=1, le=4096, description="Sequences the engine schedules in one step.")
     max_num_batched_tokens: int | None = Field(
         default=None, ge=16, description="Token budget of one engine step; vLLM picks one when unset."

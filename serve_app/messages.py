@@ -120,6 +120,8 @@ class SamplingSpec:
     skip_special_tokens: bool = True
     # Speech: sample audio-code tokens only (the LLM stage knows which) and skip detokenizing them.
     audio_codes: bool = False
+    # Not a sampling field: vLLM takes it beside SamplingParams, for an engine that schedules by priority.
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,6 +130,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "its TTFT reported apart (what a user waits for while images or long prompts load the server); 0: none",
     )  # fmt: skip
     p.add_argument("--text-probe-len", type=int, default=32, help="prompt tokens of each text probe")
+    p.add_argument(
+        "--text-probe-priority", type=int, default=0,
+        help="the probes' `priority` (lower first; for engines run with `scheduling_policy: priority`, "
+        "`vllm serve --scheduling-policy priority`); 0: not sent",
+    )  # fmt: skip
     p.add_argument("--no-cpu", action="store_true", help="do not read the targets' processes' CPU time")
     p.add_argument(
         "--rest", type=float, default=30.0, metavar="SECONDS",
@@ -262,7 +267,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         with httpx.Client(timeout=60) as client:
             models = {name: fetch_model(client, url, CAPABILITY.get(opts.dataset)) for name, url in urls.items()}
         dataset, words = build_dataset(opts, urls, models)
-        probe_prompts = text_probe.dataset(words, opts.text_probe_len, opts.seed) if opts.text_probe_interval else None
+        probe_prompts = (
+            text_probe.dataset(words, opts.text_probe_len, opts.seed, opts.text_probe_priority)
+            if opts.text_probe_interval
+            else None
+        )
         meter, unmeasured = cpu.meter(pids, opts.urls) if not opts.no_cpu else (None, [])
         if unmeasured:
             print(f"CPU not measured for {', '.join(unmeasured)}: no process of this machine listens on its port")

@@ -50,6 +50,8 @@ def request_body(endpoint: Endpoint, model: str, prompt: Prompt) -> dict[str, An
         "stream": True,
         "stream_options": {"include_usage": True},  # exact token counts, not chunk counts
     }
+    if prompt.priority:
+        body["priority"] = prompt.priority
     if endpoint == "chat" and prompt.images:
         parts: list[dict[str, Any]] = [{"type": "text", "text": prompt.text}]
         parts += [{"type": "image_url", "image_url": {"url": url}} for url in prompt.images]

@@ -41,6 +41,7 @@ class Prompt:
     output_len: int
     images: tuple[str, ...] = ()  # image URLs (data URLs), sent after the text in a chat message
     voice: str | None = None  # speech: the voice that speaks the text
+    priority: int = 0  # vLLM's request priority (lower first), sent when not 0
 
 
 class Dataset(Protocol):
@@ -110,11 +111,13 @@ class WordDataset:
     input_lens: tuple[int, ...]
     output_len: int
     seed: int = 0
+    priority: int = 0
 
     def prompt(self, index: int) -> Prompt:
         length = self.input_lens[index % len(self.input_lens)]
         rng = random.Random(f"{self.seed}:{index}")
-        return Prompt("".join(" " + rng.choice(self.words) for _ in range(length)), length, self.output_len)
+        text = "".join(" " + rng.choice(self.words) for _ in range(length))
+        return Prompt(text, length, self.output_len, priority=self.priority)
 
 
 def long_input_lens(max_model_len: int, output_len: int, fractions: Sequence[float]) -> tuple[int, ...]:

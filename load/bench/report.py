@@ -277,7 +277,7 @@ def markdown(results: dict[str, Any]) -> str:
     speech = results.get("endpoint") == "speech"
     lines = _speech_table(level_name, rows) if speech else _text_tables(results, level_name, rows)
     lines += _vs_graph(results, level_name, speech)
-    lines += text_probe.markdown(level_name, rows, results["config"].get("text_probe_interval"))
+    lines += text_probe.markdown(level_name, rows, results["config"])
     lines += cpu.markdown(level_name, rows)
     stages = [stage for stage in STAGE_HEADERS.values() if any(stage in m["stage_ms"] for _, _, m in rows)]
     if stages:

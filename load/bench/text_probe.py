@@ -27,9 +27,10 @@ from load.stats import summary_ms
 SEED_OFFSET = 1_000_003
 
 
-def dataset(words: Sequence[str], input_len: int, seed: int) -> WordDataset:
-    """The probes' prompts: `input_len` tokens each, one token out."""
-    return WordDataset(tuple(words), (input_len,), 1, seed + SEED_OFFSET)
+def dataset(words: Sequence[str], input_len: int, seed: int, priority: int = 0) -> WordDataset:
+    """The probes' prompts: `input_len` tokens each, one token out, sent with `priority` (vLLM's request
+    priority, lower first, for servers whose engine schedules by it) unless 0."""
+    return WordDataset(tuple(words), (input_len,), 1, seed + SEED_OFFSET, priority)
 
 
 async def probe(
@@ -57,12 +58,14 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
             "stage_ms": stages_ms(good)}  # fmt: skip
 
 
-def markdown(level_name: str, rows: Sequence[tuple[str, str, dict[str, Any]]], interval_s: float | None) -> list[str]:
-    """The probes' table, and each other target's TTFT p50 and p99 over the graph's; nothing without probes."""
+def markdown(level_name: str, rows: Sequence[tuple[str, str, dict[str, Any]]], config: dict[str, Any]) -> list[str]:
+    """The probes' table (how they were sent: the run's `config`); nothing without probes."""
     probed = [(level, name, m["text_probe"]) for level, name, m in rows if m.get("text_probe")]
     if not probed:
         return []
+    interval_s, priority = config.get("text_probe_interval"), config.get("text_probe_priority")
     every = f"every {interval_s:g} s" if interval_s else "at intervals"
+    every += f", priority {priority}" if priority else ""
     lines = [
         "",
         f"Short text requests beside the load (one at a time, {every}, one token out; TTFT in ms): what a user "

@@ -87,6 +87,12 @@ class SamplingRequest(OpenAIRequest):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    priority: int = Field(
+        default=0, ge=-(2**31), le=2**31 - 1,
+        description="vLLM's extension: with the model's `engine.scheduling_policy: priority`, lower values are "
+        "scheduled first (0 for every request by default); any other value is refused by an engine that "
+        "schedules in arrival order.",
+    )  # fmt: skip
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = Field(
         default=None, description="Keep only the last k prompt tokens; -1 keeps the last max_model_len."
     )
@@ -131,6 +137,7 @@ class SamplingRequest(OpenAIRequest):
             logprobs=logprobs,
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
+            priority=self.priority,
         )
 
 

@@ -44,7 +44,9 @@ _ENGINE_INFO = Info(
 class Engine(Protocol):
     """The part of vLLM's `AsyncLLM` this stage uses."""
 
-    def generate(self, prompt: Any, sampling_params: Any, request_id: str) -> AsyncGenerator[Any, None]: ...
+    def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncGenerator[Any, None]: ...
 
     async def check_health(self) -> None: ...
 
@@ -79,6 +81,7 @@ def build_engine(args: AppArgs) -> Engine:
         dtype=dtype,
         enforce_eager=args.engine.enforce_eager,
         max_num_seqs=args.engine.max_num_seqs,
+        scheduling_policy=args.engine.scheduling_policy,
         max_num_batched_tokens=args.engine.max_num_batched_tokens,
         gpu_memory_utilization=args.engine.gpu_memory_utilization,
         tensor_parallel_size=args.engine.tensor_parallel_size,
@@ -268,7 +271,10 @@ class LLMStage:
         # aclosing: if our caller goes away (client disconnect cancels the Serve call), the engine's
         # generator is closed now, which aborts the request in the engine, not whenever GC runs.
         try:
-            async with aclosing(self._engine.generate(prompt, params, request.request_id)) as outputs:
+            engine_outputs = self._engine.generate(
+                prompt, params, request.request_id, priority=request.sampling.priority
+            )
+            async with aclosing(engine_outputs) as outputs:
                 first = True
                 while (output := await self._watchdog.next_output(outputs)) is not None:
                     yield to_chunk(output, request.sampling, time.perf_counter() - submitted if first else None)

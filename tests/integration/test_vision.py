@@ -81,6 +81,19 @@ def test_text_chat_on_the_vision_model(vision_client: Any) -> None:
     assert completion.usage.completion_tokens == 3
 
 
+def test_priority_on_the_vision_model_and_not_on_the_text_model(vision_client: Any, client: Any) -> None:
+    # The default config runs tiny-llava's engine with `scheduling_policy: priority`, tiny-chat's in
+    # arrival order: vLLM's engine takes the priority on one and the ingress refuses it for the other.
+    messages = [{"role": "user", "content": "Hi"}]
+    urgent = vision_client.chat.completions.create(
+        model="tiny-llava", messages=messages, max_tokens=2, extra_body={"priority": -1}
+    )
+    assert urgent.usage.completion_tokens == 2
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=2, extra_body={"priority": -1})
+    assert info.value.body["param"] == "priority"
+
+
 def test_repeated_images_hit_the_cache(vision_client: Any, graph: str) -> None:
     url = data_url(jpeg((1, 2, 3)))
     for _ in range(2):

@@ -13,7 +13,7 @@ import pytest
 
 from load.bench import main, report, text_probe
 from load.bench.cli import parse_args
-from load.bench.client import RequestRecord
+from load.bench.client import RequestRecord, request_body
 from load.bench.datasets import WordDataset
 from load.bench.runner import Cell, CellResult, Runner, Target, Workload
 from serve_app.ingress.app import create_app
@@ -37,6 +37,9 @@ def test_probe_prompts_are_apart_from_the_load_prompts() -> None:
     load = WordDataset(WORDS, (8,), 32, seed=0)
     probes = text_probe.dataset(WORDS, 8, seed=0)
     assert probes.output_len == 1 and probes.input_lens == (8,)
+    assert "priority" not in request_body("chat", "m", probes.prompt(0))  # 0: not sent
+    urgent = text_probe.dataset(WORDS, 8, seed=0, priority=-1).prompt(0)
+    assert (urgent.text, request_body("chat", "m", urgent)["priority"]) == (probes.prompt(0).text, -1)
     assert {probes.prompt(i).text for i in range(20)}.isdisjoint(load.prompt(i).text for i in range(20))
 
 
@@ -110,6 +113,9 @@ def test_the_report_pools_probes_and_shows_their_table_only_when_sent() -> None:
     assert "| graph | 8 | 2 | 0 | 50.0 | 50.0 |" in table
     assert "| llm_first_chunk 40.0, tokenizer 1.0 |" in table  # each stage over the probes that reported it
     assert "| vllm | 8 | 1 | 1 | - | - | - | - | - | - |" in table  # none served: no TTFT, no stages
+
+    results["config"]["text_probe_priority"] = -1
+    assert "(one at a time, every 0.5 s, priority -1, one token out" in report.markdown(results)
 
     without = report.jsonable(report.build([cell("graph", []), cell("vllm", [])], workload, targets, {}, {}))
     assert "text_probe" not in without["results"]["graph"]["8"] and "text_probe_ttft_p50_ms" not in without["cells"][0]

@@ -57,12 +57,16 @@ class FakeEngine:
         self.wait: asyncio.Event | None = None
         self.waiting = asyncio.Event()
         self.calls: list[tuple[Any, Any, str]] = []
+        self.priorities: list[int] = []
         self.exit: str | None = None
         self.health_error: BaseException | None = None
         self.shut_down = False
 
-    async def generate(self, prompt: Any, sampling_params: Any, request_id: str) -> AsyncIterator[Any]:
+    async def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[Any]:
         self.calls.append((prompt, sampling_params, request_id))
+        self.priorities.append(priority)
         try:
             for output in self.outputs:
                 yield output
@@ -201,6 +205,14 @@ def test_values_vllm_rejects_are_400(fields: dict[str, Any], words: str) -> None
         to_sampling_params(SamplingSpec(**{"max_tokens": 8, **fields}))
     assert info.value.status_code == 400
     assert words in info.value.message
+
+
+async def test_priority_goes_to_the_engine_beside_the_sampling_params() -> None:
+    engine = FakeEngine([step("x", [1], "length", finished=True)])
+    await collect(LLMStage(engine), request())
+    await collect(LLMStage(engine), request(priority=-3))
+    assert engine.priorities == [0, -3]
+    assert not hasattr(engine.calls[1][1], "priority")  # not a sampling parameter
 
 
 async def test_invalid_sampling_fails_before_the_engine_is_called() -> None:

@@ -221,3 +221,25 @@ async def test_engine_death_on_first_chunk_marks_llm_unhealthy(app_args: AppArgs
             request_id="r",
         )
     assert services.health.report() == (False, {"tokenizer": "starting", "llm": "The engine died: x"})
+
+
+async def test_priority_reaches_the_llm_only_where_the_engine_schedules_by_it(app_args: AppArgs) -> None:
+    async def start(services: Services, priority: int) -> None:
+        await start_stream(
+            services, SamplingRequest(priority=priority), TextPrompt(text="hi"), add_special_tokens=True,
+            logprobs=None, request_id="r",
+        )  # fmt: skip
+
+    tokenizer, llm = StubTokenizer(), StubLLM()
+    with pytest.raises(BadRequestError) as refused:
+        await start(Services.create(app_args, tokenizer, llm), -1)
+    assert (refused.value.status_code, refused.value.param) == (400, "priority")
+    assert "engine.scheduling_policy: fcfs" in refused.value.message
+    assert tokenizer.requests == [] and llm.requests == []  # refused before any stage
+    await start(Services.create(app_args, tokenizer, llm), 0)  # 0 is every request's: always accepted
+
+    by_priority = app_args.model_copy(
+        update={"engine": app_args.engine.model_copy(update={"scheduling_policy": "priority"})}
+    )
+    await start(Services.create(by_priority, tokenizer, llm), -1)
+    assert [r.sampling.priority for r in llm.requests] == [0, -1]

@@ -112,6 +112,13 @@ async def start_stream(
 ) -> Stream:
     """Steps 2-5 for one prompt."""
     started = time.perf_counter()
+    if request.priority and services.args.engine.scheduling_policy != "priority":
+        # vLLM's engine would refuse it too, but only after the images and the tokenizer.
+        raise BadRequestError(
+            f"priority is {request.priority}, but model {services.args.model.name} schedules requests in arrival "
+            "order (engine.scheduling_policy: fcfs); leave it 0.",
+            param="priority",
+        )
     images, timings = await process_images(services, image_urls or [], deadline)
     tokenize = TokenizeRequest(
         prompt, add_special_tokens, request.truncate_prompt_tokens, request.max_tokens,
