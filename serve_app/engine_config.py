@@ -54,10 +54,11 @@ class EngineConfig(Strict):
     )
     scheduling_policy: Literal["fcfs", "priority"] = Field(
         default="fcfs",
-        description="How the engine picks among waiting requests. `fcfs`: in arrival order. `priority`: by the "
-        "request's `priority` (lower first, then arrival; vLLM's `--scheduling-policy priority`), preempting "
-        "running requests of a later priority when its slots are full. Requests that set a `priority` other "
-        "than 0 are refused (400) by an engine that schedules `fcfs`.",
+        description="How the engine orders requests waiting for one of its `max_num_seqs` slots. `fcfs`: by "
+        "arrival. `priority`: by the request's `priority` (lower first, then arrival; vLLM's "
+        "`--scheduling-policy priority`), which also picks the running request to preempt when the KV cache is "
+        "full; it never frees a slot for a waiting request. Requests that set a `priority` other than 0 are "
+        "refused (400) by an engine that schedules `fcfs`.",
     )
     max_num_seqs: int = Field(default=256, ge=1, le=4096, description="Sequences the engine schedules in one step.")
     max_num_batched_tokens: int | None = Field(

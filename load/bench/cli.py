@@ -170,6 +170,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     opts.max_duration = opts.max_duration or max(MAX_DURATION_S, opts.duration)
     if opts.text_probe_interval < 0 or opts.text_probe_len < 1:
         p.error("--text-probe-interval must not be negative, --text-probe-len must be positive")
+    if opts.text_probe_priority and not opts.text_probe_interval:
+        p.error("--text-probe-priority needs --text-probe-interval")
     if opts.text_probe_interval and opts.dataset == "tts":
         p.error("--text-probe-interval: text probes go to a text model's endpoint, not to speech")
     if opts.max_concurrency is not None and opts.request_rate is None:

@@ -11,6 +11,7 @@ cache hit) of `--text-probe-len` tokens asking for one token, sent to the load's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ import httpx
 
 from load.bench.client import Endpoint, RequestRecord, send
 from load.bench.datasets import WordDataset
-from load.bench.metrics import stages_ms, ttfts
+from load.bench.metrics import stages_ms, ttfts, without_text
 from load.stats import summary_ms
 
 # The probes' prompts are seeded apart from the load's, so no probe shares a prefix with a load prompt.
@@ -44,7 +45,8 @@ async def probe(
     while not stop.is_set():
         records.append(await send(client, base_url, endpoint, model, prompts.prompt(first_index + len(records))))
         next_at = max(next_at + interval_s, time.perf_counter())
-        await asyncio.sleep(next_at - time.perf_counter())
+        with contextlib.suppress(TimeoutError):  # the interval passed: next probe; else the load is over
+            await asyncio.wait_for(stop.wait(), next_at - time.perf_counter())
     return records
 
 
@@ -54,8 +56,8 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
     if not records:
         return None
     good = [r for r in records if r.ok]
-    return {"sent": len(records), "failed": len(records) - len(good), "ttft_ms": summary_ms(ttfts(good)),
-            "stage_ms": stages_ms(good)}  # fmt: skip
+    return {"sent": len(records), "failed": len(records) - len(good), "without_text": without_text(good),
+            "ttft_ms": summary_ms(ttfts(good)), "stage_ms": stages_ms(good)}  # fmt: skip
 
 
 def markdown(level_name: str, rows: Sequence[tuple[str, str, dict[str, Any]]], config: dict[str, Any]) -> list[str]:
@@ -71,13 +73,13 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, dict[str, Any]]], c
         f"Short text requests beside the load (one at a time, {every}, one token out; TTFT in ms): what a user "
         "of the same model waits for while the load keeps the server busy",
         "",
-        f"| target | {level_name} | sent | failed | TTFT mean | p50 | p95 | p99 | max | server stages p50 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| target | {level_name} | sent | failed | no text | TTFT mean | p50 | p95 | p99 | max | server stages p50 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for level, name, p in probed:
         t = p["ttft_ms"]
         lines.append(
-            f"| {name} | {level} | {p['sent']} | {p['failed']} | "
+            f"| {name} | {level} | {p['sent']} | {p['failed']} | {p.get('without_text', '-')} | "
             + " | ".join(_ms(t[k]) for k in ("mean", "p50", "p95", "p99", "max"))
             + " | "
             + (", ".join(f"{stage} {_ms(s['p50'])}" for stage, s in p.get("stage_ms", {}).items()) or "-")

@@ -88,10 +88,11 @@ class SamplingRequest(OpenAIRequest):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: int = Field(
-        default=0, ge=-(2**31), le=2**31 - 1,
+        default=0, ge=-(2**63), le=INT64_MAX,
         description="vLLM's extension: with the model's `engine.scheduling_policy: priority`, lower values are "
         "scheduled first (0 for every request by default); any other value is refused by an engine that "
-        "schedules in arrival order.",
+        "schedules in arrival order. The body field only (not vLLM's `X-Vllm-Priority` header); admission "
+        "and the stages before the engine treat every priority alike.",
     )  # fmt: skip
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = Field(
         default=None, description="Keep only the last k prompt tokens; -1 keeps the last max_model_len."

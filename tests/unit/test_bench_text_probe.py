@@ -46,13 +46,20 @@ def test_probe_prompts_are_apart_from_the_load_prompts() -> None:
 async def test_probes_go_one_at_a_time_from_the_given_prompt_until_stopped(services: Services) -> None:
     in_flight = most = 0
     app = create_app(services)
+    bodies: list[bytes] = []
 
     async def counting(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         nonlocal in_flight, most
+
+        async def recording():  # type: ignore[no-untyped-def]
+            message = await receive()
+            bodies.append(message.get("body", b""))
+            return message
+
         in_flight += 1
         most = max(most, in_flight)
         try:
-            await app(scope, receive, send)
+            await app(scope, recording, send)
         finally:
             in_flight -= 1
 
@@ -64,6 +71,8 @@ async def test_probes_go_one_at_a_time_from_the_given_prompt_until_stopped(servi
         stop.set()
         records = await task
     assert len(records) >= 2 and most == 1
+    first = json.loads(bodies[0])["messages"][0]["content"]
+    assert first == prompts.prompt(5).text  # from `first_index` on
     assert all(r.ok and r.output_tokens == 1 and len(r.content_times) == 1 for r in records), records[0].detail
 
 
@@ -110,9 +119,9 @@ def test_the_report_pools_probes_and_shows_their_table_only_when_sent() -> None:
     assert results["cells"][0]["text_probe_ttft_p50_ms"] == pytest.approx(50.0)
     table = report.markdown(results)
     assert "Short text requests beside the load (one at a time, every 0.5 s" in table
-    assert "| graph | 8 | 2 | 0 | 50.0 | 50.0 |" in table
+    assert "| graph | 8 | 2 | 0 | 0 | 50.0 | 50.0 |" in table
     assert "| llm_first_chunk 40.0, tokenizer 1.0 |" in table  # each stage over the probes that reported it
-    assert "| vllm | 8 | 1 | 1 | - | - | - | - | - | - |" in table  # none served: no TTFT, no stages
+    assert "| vllm | 8 | 1 | 1 | 0 | - | - | - | - | - | - |" in table  # none served: no TTFT, no stages
 
     results["config"]["text_probe_priority"] = -1
     assert "(one at a time, every 0.5 s, priority -1, one token out" in report.markdown(results)
@@ -130,7 +139,7 @@ async def test_each_cell_continues_the_targets_probe_prompts() -> None:
         return httpx.Response(503)
 
     workload = Workload(mode="concurrency", levels=(1.0,), duration_s=0.1, text_probe_interval_s=0.01)
-    prompts = text_probe.dataset(WORDS, 4, 0)
+    prompts = text_probe.dataset(WORDS, 16, 0)  # 4 words in 16 places: no prompt repeats by chance
     runner = Runner([Target("a", "http://a", "m")], prompts, workload, progress=None, probe_prompts=prompts)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
         texts = [await runner._text_probes(client, runner.targets["a"], _stopped_after(0.05)) for _ in range(2)]
@@ -162,8 +171,24 @@ def test_bench_sends_probes_beside_the_load(services: Services, tmp_path: Path) 
         ["--target", "a=http://x", "--text-probe-interval", "-1"],
         ["--target", "a=http://x", "--text-probe-interval", "1", "--text-probe-len", "0"],
         ["--target", "a=http://x", "--dataset", "tts", "--text-probe-interval", "1"],
+        ["--target", "a=http://x", "--text-probe-priority", "-1"],
     ],
 )
 def test_bad_probe_arguments(argv: list[str]) -> None:
     with pytest.raises(SystemExit):
         parse_args(argv)
+
+
+async def test_probes_end_with_the_load_not_an_interval_later() -> None:
+    stop = asyncio.Event()
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        stop.set()  # the load ends while the first probe is out
+        return httpx.Response(503)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        started = time.perf_counter()
+        records = await text_probe.probe(
+            client, "http://x", "completions", "m", text_probe.dataset(WORDS, 4, 0), 0, stop, 30.0
+        )
+    assert len(records) == 1 and time.perf_counter() - started < 5.0

@@ -212,7 +212,6 @@ async def test_priority_goes_to_the_engine_beside_the_sampling_params() -> None:
     await collect(LLMStage(engine), request())
     await collect(LLMStage(engine), request(priority=-3))
     assert engine.priorities == [0, -3]
-    assert not hasattr(engine.calls[1][1], "priority")  # not a sampling parameter
 
 
 async def test_invalid_sampling_fails_before_the_engine_is_called() -> None:
@@ -392,12 +391,14 @@ def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
         started["executor"] = vllm_config.parallel_config.distributed_executor_backend
         started["env"] = {name: os.environ[name] for name in OMP_BINDING if name in os.environ}
         started["top_p"] = os.environ[top_p.ENV]
+        started["policy"] = vllm_config.scheduler_config.policy
         return "engine"
 
     monkeypatch.setattr(AsyncLLM, "from_vllm_config", start)
-    args = parse_app_args({**raw_args, "engine": {"cpu_cores": "1", "executor_backend": backend}})
-    assert build_engine(args) == "engine"
+    engine = {"cpu_cores": "1", "executor_backend": backend, "scheduling_policy": "priority"}
+    assert build_engine(parse_app_args({**raw_args, "engine": engine})) == "engine"
     assert started["executor"] == backend
+    assert started["policy"] == "priority"  # vLLM's own engine would otherwise ignore every priority
     assert started["top_p"] == "histogram"  # the default; the engine's plugin reads it (tests/unit/test_top_p.py)
     if backend == "uni":  # libgomp (vLLM preloads it) is bound with GOMP_CPU_AFFINITY, other OpenMPs with OMP_PLACES
         assert started["env"] in ({"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "1"},

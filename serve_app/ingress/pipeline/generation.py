@@ -113,7 +113,8 @@ async def start_stream(
     """Steps 2-5 for one prompt."""
     started = time.perf_counter()
     if request.priority and services.args.engine.scheduling_policy != "priority":
-        # vLLM's engine would refuse it too, but only after the images and the tokenizer.
+        # vLLM's engine (0.32) takes it and schedules in arrival order all the same: refused here, so that
+        # a priority never does nothing silently.
         raise BadRequestError(
             f"priority is {request.priority}, but model {services.args.model.name} schedules requests in arrival "
             "order (engine.scheduling_policy: fcfs); leave it 0.",
