@@ -205,6 +205,33 @@ def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
     return lines
 
 
+def _text_probe_table(level_name: str, rows: list[Row], config: dict[str, Any]) -> list[str]:
+    """The text probes' table (`text_probe.py`; how they were sent: the run's `config`); nothing without probes."""
+    probed = [(level, name, m["text_probe"]) for level, name, m in rows if m.get("text_probe")]
+    if not probed:
+        return []
+    interval_s, priority = config.get("text_probe_interval"), config.get("text_probe_priority")
+    every = f"every {interval_s:g} s" if interval_s else "at intervals"
+    every += f", priority {priority}" if priority else ""
+    lines = [
+        "",
+        f"Short text requests beside the load (one at a time, {every}, one token out; TTFT in ms): what a user "
+        "of the same model waits for while the load keeps the server busy",
+        "",
+        f"| target | {level_name} | sent | failed | no text | TTFT mean | p50 | p95 | p99 | max | server stages p50 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for level, name, p in probed:
+        t = p["ttft_ms"]
+        stages = ", ".join(f"{stage} {_num(s['p50'])}" for stage, s in p.get("stage_ms", {}).items()) or "-"
+        lines.append(
+            f"| {name} | {level} | {p['sent']} | {p['failed']} | {p.get('without_text', '-')} | "
+            + " | ".join(_num(t[k]) for k in ("mean", "p50", "p95", "p99", "max"))
+            + f" | {stages} |"
+        )
+    return lines
+
+
 def handicaps(results: Mapping[str, Any]) -> dict[str, str]:
     """The targets of a result that ran handicapped, and why: those it names (`--handicap NAME=WHY`), and
     those a run before SESSION_FIX started itself (`--start KIND`)."""
@@ -277,7 +304,7 @@ def markdown(results: dict[str, Any]) -> str:
     speech = results.get("endpoint") == "speech"
     lines = _speech_table(level_name, rows) if speech else _text_tables(results, level_name, rows)
     lines += _vs_graph(results, level_name, speech)
-    lines += text_probe.markdown(level_name, rows, results["config"])
+    lines += _text_probe_table(level_name, rows, results["config"])
     lines += cpu.markdown(level_name, rows)
     stages = [stage for stage in STAGE_HEADERS.values() if any(stage in m["stage_ms"] for _, _, m in rows)]
     if stages:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -58,36 +57,3 @@ def summarize(records: Sequence[RequestRecord]) -> dict[str, Any] | None:
     good = [r for r in records if r.ok]
     return {"sent": len(records), "failed": len(records) - len(good), "without_text": without_text(good),
             "ttft_ms": summary_ms(ttfts(good)), "stage_ms": stages_ms(good)}  # fmt: skip
-
-
-def markdown(level_name: str, rows: Sequence[tuple[str, str, dict[str, Any]]], config: dict[str, Any]) -> list[str]:
-    """The probes' table (how they were sent: the run's `config`); nothing without probes."""
-    probed = [(level, name, m["text_probe"]) for level, name, m in rows if m.get("text_probe")]
-    if not probed:
-        return []
-    interval_s, priority = config.get("text_probe_interval"), config.get("text_probe_priority")
-    every = f"every {interval_s:g} s" if interval_s else "at intervals"
-    every += f", priority {priority}" if priority else ""
-    lines = [
-        "",
-        f"Short text requests beside the load (one at a time, {every}, one token out; TTFT in ms): what a user "
-        "of the same model waits for while the load keeps the server busy",
-        "",
-        f"| target | {level_name} | sent | failed | no text | TTFT mean | p50 | p95 | p99 | max | server stages p50 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for level, name, p in probed:
-        t = p["ttft_ms"]
-        lines.append(
-            f"| {name} | {level} | {p['sent']} | {p['failed']} | {p.get('without_text', '-')} | "
-            + " | ".join(_ms(t[k]) for k in ("mean", "p50", "p95", "p99", "max"))
-            + " | "
-            + (", ".join(f"{stage} {_ms(s['p50'])}" for stage, s in p.get("stage_ms", {}).items()) or "-")
-            + " |"
-        )
-    return lines
-
-
-def _ms(value: float | None) -> str:
-    # None in a result file, NaN before it is written: no probe was served.
-    return "-" if value is None or math.isnan(value) else f"{value:,.1f}"
