@@ -1,0 +1,50 @@
+"""`build_engine` in serve_app/stages/llm.py: the engine arguments and the environment its engine core
+starts with (vLLM's `AsyncLLM.from_vllm_config` replaced, so no engine process starts)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from serve_app.stages import top_p
+
+OMP_BINDING = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES")  # the thread count, and GNU or standard binding
+
+
+@pytest.mark.parametrize("backend", ["uni", "mp"])
+def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
+    monkeypatch: pytest.MonkeyPatch, raw_args: dict[str, Any], backend: str
+) -> None:
+    """`uni`: the engine core process (started inside `AsyncLLM.from_vllm_config`) gets the OpenMP environment
+    vLLM would give its worker, one thread bound to the engine's core; `mp`: vLLM's own worker gets it."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from serve_app.config import parse_app_args
+    from serve_app.stages.llm import build_engine
+
+    for name in OMP_BINDING:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(top_p.ENV, "")  # set, so that monkeypatch restores it after build_engine writes it
+    started: dict[str, Any] = {}
+
+    def start(vllm_config: Any, **_: Any) -> str:
+        started["executor"] = vllm_config.parallel_config.distributed_executor_backend
+        started["env"] = {name: os.environ[name] for name in OMP_BINDING if name in os.environ}
+        started["top_p"] = os.environ[top_p.ENV]
+        started["policy"] = vllm_config.scheduler_config.policy
+        return "engine"
+
+    monkeypatch.setattr(AsyncLLM, "from_vllm_config", start)
+    engine = {"cpu_cores": "1", "executor_backend": backend, "scheduling_policy": "priority"}
+    assert build_engine(parse_app_args({**raw_args, "engine": engine})) == "engine"
+    assert started["executor"] == backend
+    assert started["policy"] == "priority"  # vLLM's own engine would otherwise ignore every priority
+    assert started["top_p"] == "histogram"  # the default; the engine's plugin reads it (tests/unit/test_top_p.py)
+    if backend == "uni":  # libgomp (vLLM preloads it) is bound with GOMP_CPU_AFFINITY, other OpenMPs with OMP_PLACES
+        assert started["env"] in ({"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "1"},
+                                  {"OMP_NUM_THREADS": "1", "OMP_PLACES": "{1}"})  # fmt: skip
+    else:
+        assert started["env"] == {}
+    assert not any(name in os.environ for name in OMP_BINDING)  # the replica's own environment is given back
