@@ -7,11 +7,31 @@ byte and every object here, so they carry only what the next stage needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from operator import attrgetter
+from typing import Any, TypeVar, dataclass_transform
+
+_M = TypeVar("_M")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def message(cls: type[_M]) -> type[_M]:
+    """A frozen, slotted dataclass that pickles as its class and its field values.
+
+    A slotted dataclass's own pickling calls `dataclasses.fields()` on every dump and load (~15 us each
+    on a 2-core EPYC); `(class, values)` takes half that, and every streamed chunk pays it twice.
+    """
+    out = dataclass(frozen=True, slots=True)(cls)
+    names = [f.name for f in fields(out)]  # type: ignore[arg-type]
+    get = attrgetter(*names)
+    if len(names) == 1:
+        out.__reduce__ = lambda self: (out, (get(self),))  # type: ignore[method-assign]
+    else:
+        out.__reduce__ = lambda self: (out, get(self))  # type: ignore[method-assign]
+    return out
+
+
+@message
 class ImagesRequest:
     """Ingress -> multimodal: the image URLs of one request (data:, http(s): or allowed file:), in order."""
 
@@ -20,7 +40,7 @@ class ImagesRequest:
     deadline: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ProcessedImage:
     """Multimodal -> ingress -> llm: one decoded image, already resized to the model's input size."""
 
@@ -33,13 +53,13 @@ class ProcessedImage:
     cache_hit: bool
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ProcessedImages:
     images: list[ProcessedImage]
     elapsed_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ChatPrompt:
     """A chat conversation to render with the model's chat template."""
 
@@ -49,7 +69,7 @@ class ChatPrompt:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class TextPrompt:
     """A completion prompt: text to tokenize, or token ids to check and pass through."""
 
@@ -57,7 +77,7 @@ class TextPrompt:
     token_ids: list[int] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class SpeechPrompt:
     """A text-to-speech prompt: the tokenizer stage builds the talker model's prompt from it."""
 
@@ -65,7 +85,7 @@ class SpeechPrompt:
     voice: str
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class TokenizeRequest:
     """Ingress -> tokenizer: render, tokenize, truncate and check one prompt against the context."""
 
@@ -86,7 +106,7 @@ class TokenizeRequest:
         return {ChatPrompt: "messages", SpeechPrompt: "input"}.get(type(self.prompt), "prompt")
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class TokenizedPrompt:
     """Tokenizer -> ingress: the prompt as token ids and the generation budget it leaves."""
 
@@ -97,7 +117,7 @@ class TokenizedPrompt:
     num_prompt_tokens: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class SamplingSpec:
     """Ingress -> llm: the OpenAI sampling fields, mapped 1:1 onto vLLM's SamplingParams."""
 
@@ -124,7 +144,7 @@ class SamplingSpec:
     priority: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class GenerateRequest:
     """Ingress -> llm: token ids in, no tokenizing on the engine's path."""
 
@@ -136,7 +156,7 @@ class GenerateRequest:
     deadline: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class TokenLogprob:
     token: str
     logprob: float
@@ -144,7 +164,7 @@ class TokenLogprob:
     top: list[tuple[str, float, list[int]]]
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ChoiceDelta:
     """New output of one choice since the previous chunk."""
 
@@ -156,7 +176,7 @@ class ChoiceDelta:
     logprobs: list[TokenLogprob] | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class GenerationChunk:
     """Llm -> ingress: one streamed step; several engine steps may be merged into one chunk."""
 
@@ -168,7 +188,7 @@ class GenerationChunk:
     engine_ttft_s: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class VocodeRequest:
     """Ingress -> vocoder: codec frames of one stream to turn into audio.
 
@@ -183,7 +203,7 @@ class VocodeRequest:
     deadline: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class AudioChunk:
     """Vocoder -> ingress: the new frames' audio as 16-bit little-endian mono PCM."""
 
