@@ -17,7 +17,9 @@ from typing import Any
 STAGE_HEADERS = {
     "X-Multimodal-Time": "multimodal",
     "X-Tokenizer-Time": "tokenizer",
-    "X-LLM-First-Chunk-Time": "llm_first_chunk",
+    "X-LLM-First-Chunk-Time": "llm_first_chunk",  # from the ingress's call to the llm stage's first chunk
+    "X-LLM-Engine-Time": "llm_engine",  # the engine's part of that: queue and prefill, inside the llm stage
+    "X-First-Token-Time": "first_token",  # the ingress's whole part of the TTFT, from the request's arrival
     "X-Vocoder-First-Chunk-Time": "vocoder_first_chunk",
     "X-Total-Time": "total",
 }

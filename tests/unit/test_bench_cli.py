@@ -77,12 +77,12 @@ def test_image_chat(tiny_vision_model_path: Path, fake_llm: FakeLLM, tmp_path: P
     m = results["results"]["vision"]["2"]
     assert m["completed"] > 0 and m["failed"] == 0
     assert m["total_input_tokens"] > m["completed"] * (32 + 2 * 16)  # the text, two images, the template
-    assert set(m["stage_ms"]) == {"multimodal", "tokenizer", "llm_first_chunk"}
+    assert set(m["stage_ms"]) == {"multimodal", "tokenizer", "llm_first_chunk", "first_token"}
     assert all(len(request.images) == 2 for request in fake_llm.requests)
     hits = [image.cache_hit for request in fake_llm.requests for image in request.images]
     assert any(hits) and not all(hits)  # the repeated half hits the stage's cache after the first few
     assert "| vision | 2 | " in (tmp_path / "results.md").read_text()
-    assert "multimodal | tokenizer | llm_first_chunk" in (tmp_path / "results.md").read_text()
+    assert "multimodal | tokenizer | llm_first_chunk | first_token" in (tmp_path / "results.md").read_text()
 
 
 def test_speech(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ async def test_streamed_request(services: Services, endpoint: Endpoint) -> None:
     assert record.prompt_tokens is not None and record.prompt_tokens >= 3
     assert len(record.content_times) == 5  # FakeLLM: one token per chunk
     assert record.latency is not None and record.latency >= record.content_times[-1]
-    assert set(record.stage_ms) == {"tokenizer", "llm_first_chunk"}
+    assert set(record.stage_ms) == {"tokenizer", "llm_first_chunk", "first_token"}
 
 
 async def test_rejected_request(services: Services) -> None:

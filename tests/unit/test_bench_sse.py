@@ -64,5 +64,6 @@ def test_tokens_without_text_are_a_complete_stream() -> None:
 
 
 def test_stage_headers() -> None:
-    headers = httpx.Headers({"x-tokenizer-time": "1.250", "X-LLM-First-Chunk-Time": "30.5", "X-Other": "1"})
-    assert stage_times_ms(headers) == {"tokenizer": 1.25, "llm_first_chunk": 30.5}
+    headers = httpx.Headers({"x-tokenizer-time": "1.250", "X-LLM-First-Chunk-Time": "30.5", "X-Other": "1",
+                             "X-LLM-Engine-Time": "25", "X-First-Token-Time": "34.0"})  # fmt: skip
+    assert stage_times_ms(headers) == {"tokenizer": 1.25, "llm_first_chunk": 30.5, "llm_engine": 25, "first_token": 34}
