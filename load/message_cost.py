@@ -1,9 +1,10 @@
 """What a stage message costs to cross a Ray Serve hop: serialize, then read back, per message.
 
-Serve's handles pickle each call's arguments and each streamed item (cloudpickle unless the handle asks
-for `pickle`); a 32-token stream at `stream_interval: 4` sends ~9 chunks, each paid on both sides. This
-times, in this process, the messages of a 256-token completion (`GenerateRequest`) and one streamed
-`GenerationChunk`, with cloudpickle and with the standard pickle the ingress's handles use.
+Over Serve's gRPC transport between replicas (RAY_SERVE_THROUGHPUT_OPTIMIZED), its handles pickle each
+call's arguments and each streamed item (cloudpickle unless the handle asks for `pickle`); a 32-token
+stream at `stream_interval: 4` sends ~9 chunks, each paid on both sides. This times, in this process,
+the messages of a 256-token completion (`GenerateRequest`) and one streamed `GenerationChunk`, with
+cloudpickle and with the standard pickle the ingress's handles use.
 `python -m load.message_cost [--repeat 20000]`
 """
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.errors import OverloadedError, error_response
+from serve_app.ingress.pipeline.work_admission import WorkGate
 from serve_app.messages import GenerateRequest, GenerationChunk
 
 MODEL = "tiny-chat"
@@ -83,8 +84,9 @@ class _FirstHeld:
     """`app`, into which the first HTTP request (the launcher's readiness check) slips a generation that
     never ends, before itself: every generation request after it is refused."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, gate: WorkGate) -> None:
         self.app = app
+        self.gate = gate
         self.held: asyncio.Task[None] | None = None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -101,7 +103,10 @@ class _FirstHeld:
                 return None
 
             self.held = asyncio.get_running_loop().create_task(self.app(dict(_HELD_SCOPE), held_receive, discard))
-            await asyncio.sleep(0.1)  # admitted before this request goes on
+            while not self.gate.live:  # admitted before this request goes on
+                if self.held.done():
+                    raise RuntimeError("the held generation ended before it was admitted") from self.held.exception()
+                await asyncio.sleep(0.01)
         await self.app(scope, receive, send)
 
 
@@ -116,5 +121,6 @@ def ingress_app(config: str = "configs/cpu-tiny.yaml") -> Any:
 
     args = load_in_process(config, MODEL)
     args = args.model_copy(update={"admission": args.admission.model_copy(update={"max_wait_s": 1.0})})
-    tokenizer = LocalTokenizer(TokenizerStage.from_args(args))
-    return _FirstHeld(create_app(Services.create(args, tokenizer, _Endless())))
+    services = Services.create(args, LocalTokenizer(TokenizerStage.from_args(args)), _Endless())
+    assert services.work is not None  # the default config admits tiny-chat by work
+    return _FirstHeld(create_app(services), services.work)

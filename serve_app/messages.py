@@ -23,6 +23,8 @@ def message(cls: type[_M]) -> type[_M]:
     """
     out = dataclass(frozen=True, slots=True)(cls)
     names = [f.name for f in fields(out)]  # type: ignore[arg-type]
+    if not names or not all(f.init and not f.kw_only for f in fields(out)):  # type: ignore[arg-type]
+        raise TypeError(f"{cls.__name__}: a message is rebuilt from its fields in order; each must be positional")
     get = attrgetter(*names)
     if len(names) == 1:
         out.__reduce__ = lambda self: (out, (get(self),))  # type: ignore[method-assign]
@@ -44,7 +46,8 @@ class ImagesRequest:
 class ProcessedImage:
     """Multimodal -> ingress -> llm: one decoded image, already resized to the model's input size."""
 
-    # RGB, height x width x 3, uint8: Ray ships numpy arrays without copying them through pickle.
+    # RGB, height x width x 3, uint8: pickled inline with the message between replicas, so it counts
+    # towards RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH (configs/ray.env).
     pixels: Any
     # Content hash of the encoded bytes: the engine's multimodal cache key, so it never re-hashes pixels.
     content_hash: str

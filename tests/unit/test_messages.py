@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pickle
-from dataclasses import FrozenInstanceError, fields
+from dataclasses import FrozenInstanceError, field, fields
 
 import numpy as np
 import pytest
@@ -60,3 +60,12 @@ def test_arrays_survive() -> None:
 def test_messages_stay_frozen() -> None:
     with pytest.raises(FrozenInstanceError):
         CHUNK.finished = False  # type: ignore[misc]
+
+
+def test_a_field_not_set_by_position_is_refused() -> None:
+    with pytest.raises(TypeError, match="positional"):
+
+        @messages.message
+        class KeywordOnly:
+            value: int
+            extra: int = field(default=0, kw_only=True)

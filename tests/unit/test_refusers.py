@@ -30,7 +30,8 @@ async def test_a_refuser_answers_a_burst_with_the_graphs_refusal(kind: str, tmp_
     assert not running(pids[kind])
 
 
-async def test_the_ingress_refuser_refuses_by_its_own_work_admission(tmp_path: Path) -> None:
+async def test_the_ingress_refuser_refuses_by_its_own_work_admission(tmp_path: Path, tiny_model_path: Path) -> None:
+    # tiny_model_path: the refuser loads models/tiny-chat, which that fixture builds.
     pids: dict[str, int] = {}
     with targets.started(["ingress-refuser"], tmp_path, pids) as urls:
         url = urls["ingress-refuser"]
