@@ -9,9 +9,9 @@ measures what is left when the server does next to no work:
 - `python-refuser`: `app` below under uvicorn. It reads the body first, as any server that refuses by
   what the body asks must;
 - `ingress-refuser`: the graph's own ingress app (`ingress_app` below: tiny-chat of the default config, its
-  tokenizer in-process) under uvicorn, without Ray Serve or HAProxy. One request it admitted at start
-  never ends, so its work admission refuses every generation request after it, as in a burst: what our
-  code costs a refusal, apart from Serve's.
+  tokenizer in-process) under uvicorn, without Ray Serve or HAProxy. It holds one work ticket for good, so
+  its work admission refuses every generation request, as in a burst: what our code costs a refusal,
+  apart from Serve's.
 All are target kinds of the load tools (load/bench/targets.py):
 `python -m load.burst --start haproxy-refuser --start python-refuser --requests 400 --max-tokens 256 --rounds 3`
 """
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.errors import OverloadedError, error_response
-from serve_app.ingress.pipeline.work_admission import WorkGate
 from serve_app.messages import GenerateRequest, GenerationChunk
 
 MODEL = "tiny-chat"
@@ -61,7 +60,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 class _Endless:
-    """An llm stage whose every generation waits forever: the request admitted first stays in flight."""
+    """An llm stage that is never asked to generate: the held ticket has every request refused first."""
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         await asyncio.Event().wait()
@@ -74,45 +73,9 @@ class _Endless:
         return ""
 
 
-_HELD = json.dumps({"model": MODEL, "prompt": "hold", "max_tokens": 4000, "stream": True}).encode()
-_HELD_SCOPE = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-               "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
-               "headers": [(b"content-type", b"application/json")], "client": None, "server": None}  # fmt: skip
-
-
-class _FirstHeld:
-    """`app`, into which the first HTTP request (the launcher's readiness check) slips a generation that
-    never ends, before itself: every generation request after it is refused."""
-
-    def __init__(self, app: Any, gate: WorkGate) -> None:
-        self.app = app
-        self.gate = gate
-        self.held: asyncio.Task[None] | None = None
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if self.held is None and scope["type"] == "http":
-            messages = [{"type": "http.request", "body": _HELD, "more_body": False}]
-
-            async def held_receive() -> dict[str, Any]:
-                if messages:
-                    return messages.pop()
-                await asyncio.Event().wait()
-                raise AssertionError("unreachable")
-
-            async def discard(_: dict[str, Any]) -> None:
-                return None
-
-            self.held = asyncio.get_running_loop().create_task(self.app(dict(_HELD_SCOPE), held_receive, discard))
-            while not self.gate.live:  # admitted before this request goes on
-                if self.held.done():
-                    raise RuntimeError("the held generation ended before it was admitted") from self.held.exception()
-                await asyncio.sleep(0.01)
-        await self.app(scope, receive, send)
-
-
 def ingress_app(config: str = "configs/cpu-tiny.yaml") -> Any:
-    """The ingress's app for tiny-chat (uvicorn's `--factory`), with `max_wait_s` 1 s: behind the held
-    generation (4,000 tokens, ~5 s at the config's rates) every generation request is refused."""
+    """The ingress's app for tiny-chat (uvicorn's `--factory`), with `max_wait_s` 1 s and a work ticket held
+    for good (a 4,000-token generation, ~5 s at the config's rates): every generation request is refused."""
     from load.serve_config import load_in_process
     from serve_app.ingress.app import create_app
     from serve_app.ingress.pipeline.services import Services
@@ -123,4 +86,6 @@ def ingress_app(config: str = "configs/cpu-tiny.yaml") -> Any:
     args = args.model_copy(update={"admission": args.admission.model_copy(update={"max_wait_s": 1.0})})
     services = Services.create(args, LocalTokenizer(TokenizerStage.from_args(args)), _Endless())
     assert services.work is not None  # the default config admits tiny-chat by work
-    return _FirstHeld(create_app(services), services.work)
+    fastapi_app = create_app(services)
+    fastapi_app.state.held = services.work.admit(prompt_tokens=1, max_tokens=4000)
+    return fastapi_app
