@@ -5,13 +5,14 @@ never hand-edited, and anyone can rerun it and see what it rests on.
   python -m load.benchmarks_page --add results/bench/text-vllm/results.json 20-text-vllm   # copy, render
 
 `--add RESULT NAME` copies one result file (of load.bench, load.overhead, load.health_probe,
-load.ceiling, load.tokenizer_throughput, load.overload, load.soak, load.burst or load.client_burst) to
-docs/benchmarks/NAME.json, kept small: summaries and per-second series, not every request (the bench's
-/health probe timeline, ten a second, becomes its per-second series). One file per section, in file-name
-order (so NAME starts with a number). Every bench section gets two plots there, NAME-load.png (req/s and
-TTFT p50/p99 against the load level, the targets side by side) and NAME-health.png (/health over the
-run), linked from the page. The hand-written docs/benchmarks-notes.md (earlier results, interpretation)
-ends the page. Each result file carries the command, date and machine that produced it (load/meta.py).
+load.ceiling, load.tokenizer_throughput, load.overload, load.soak, load.burst, load.client_burst,
+load.idle_cpu or load.hop_cost) to docs/benchmarks/NAME.json, kept small: summaries and per-second
+series, not every request (the bench's /health probe timeline, ten a second, becomes its per-second
+series). One file per section, in file-name order (so NAME starts with a number). Every bench section
+gets two plots there, NAME-load.png (req/s and TTFT p50/p99 against the load level, the targets side by
+side) and NAME-health.png (/health over the run), linked from the page. The hand-written
+docs/benchmarks-notes.md (earlier results, interpretation) ends the page. Each result file carries the
+command, date and machine that produced it (load/meta.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import load.burst
 import load.client_burst
+import load.hop_cost
 import load.idle_cpu
 import load.overload
 import load.soak
@@ -233,10 +235,23 @@ def idle_cpu(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def hop_cost(result: dict[str, Any]) -> list[str]:
+    """A `load.hop_cost` run: one Serve streaming call between two no-op replicas, and each streamed item."""
+    return [
+        f"## One Ray Serve hop's CPU ({result['calls']} calls a cell, {result['items']} items in the second,"
+        f" median of {result['rounds']} rounds)",
+        "",
+        load.hop_cost.markdown(result),
+        "",
+        *_meta(result),
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "burst": burst,
     "client_burst": client_burst,
     "idle_cpu": idle_cpu,
+    "hop_cost": hop_cost,
     "health_probe": health_probe,
     "overhead": overhead,
     "bench": bench,

@@ -24,16 +24,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from serve_app.errors import OverloadedError, error_response
+from serve_app.errors import error_response
+from serve_app.ingress.pipeline.work_admission import expected_wait_error
 from serve_app.messages import GenerateRequest, GenerationChunk
 
 MODEL = "tiny-chat"
 # What the ingress answers when the engine's expected wait is too long (work_admission.py), with the
-# default `admission:` settings.
-REFUSAL = error_response(OverloadedError(
-    "The engine has about 9.8 s of admitted work ahead of this request, which needs about 0.4 s more; "
-    "more than the 10.0 s it may wait. Retry later.", code="overloaded", reason="expected_wait",
-))  # fmt: skip
+# default `admission:` settings and tiny-chat's 15 s `max_wait_s`.
+REFUSAL = error_response(expected_wait_error(14.8, 0.4, 15.0))
 MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
 HAPROXY_CONFIG = Path(__file__).with_name("refuser-haproxy.cfg")
 

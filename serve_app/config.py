@@ -6,10 +6,12 @@ are not here: they live in the YAML's `deployments:` list, where Ray Serve itsel
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from serve_app.engine_config import EngineConfig
 from serve_app.strict_args import Strict, parse_args
@@ -101,6 +103,30 @@ class ImageFetchConfig(Strict):
     allowed_local_dir: str | None = Field(
         default=None, description="Directory whose files `file://` URLs may read; `file://` is refused when unset."
     )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts_are_addresses_or_names(cls, hosts: list[str]) -> list[str]:
+        # An entry that is neither would match no URL: a typo must not leave a host silently refused.
+        for host in hosts:
+            host_entry(host)
+        return hosts
+
+
+_HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*")
+
+
+def host_entry(entry: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | str:
+    """An `allowed_hosts` entry: its network (an address is a network of one), or its host name lower-cased
+    without a trailing dot; ValueError when it is neither."""
+    try:
+        return ipaddress.ip_network(entry.strip("[]"), strict=False)
+    except ValueError:
+        name = entry.lower().rstrip(".")
+        if not _HOST_NAME.fullmatch(name):
+            raise ValueError(f"{entry!r} is not a host name, an IP address or a CIDR network") from None
+        return name
 
 
 ImageFormat = Literal["PNG", "JPEG", "WEBP", "GIF", "BMP"]
@@ -223,9 +249,10 @@ class AuthConfig(Strict):
 
 
 class AdmissionConfig(Strict):
-    """How the ingress answers a request it does not admit: a stage at its queue limit (`stage_full`),
-    the engine's waiting queue full (`engine_queue_full`), `tts.max_streams` speech streams
-    (`max_streams`), the ingress at `max_in_flight` (`ingress_full`)."""
+    """What the ingress admits and how it answers a request it does not: the engine's expected wait over
+    `max_wait_s` or the request's deadline (`expected_wait`, admission by work from the two rates), the
+    ingress at `max_in_flight` (`ingress_full`), a stage at its queue limit (`stage_full`), the engine's
+    waiting queue full (`engine_queue_full`), `tts.max_streams` speech streams (`max_streams`)."""
 
     status_code: Literal[503, 429] = Field(
         default=503, description="HTTP status of a rejection: 503 (server busy) or 429 (clients that back off on it)."
@@ -307,7 +334,8 @@ class AppArgs(Strict):
     )
     health: HealthConfig = Field(default_factory=HealthConfig, description="Background health checks.")
     admission: AdmissionConfig = Field(
-        default_factory=AdmissionConfig, description="Status and Retry-After of requests refused under load."
+        default_factory=AdmissionConfig,
+        description="Admission under load (by expected work and by count) and the status and Retry-After of a refusal.",
     )
     auth: AuthConfig = Field(default_factory=AuthConfig, description="Optional API keys.")
 

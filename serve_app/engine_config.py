@@ -62,7 +62,7 @@ class EngineConfig(Strict):
     )
     max_num_seqs: int = Field(default=256, ge=1, le=4096, description="Sequences the engine schedules in one step.")
     max_num_batched_tokens: int | None = Field(
-        default=None, ge=16, description="Token budget of one engine step; vLLM picks one when unset."
+        default=None, ge=16, le=10_000_000, description="Token budget of one engine step; vLLM picks one when unset."
     )
     gpu_memory_utilization: float = Field(
         default=0.9, gt=0.0, le=1.0, description="Share of GPU memory vLLM may use (GPU only)."
@@ -72,7 +72,7 @@ class EngineConfig(Strict):
         default=None,
         description="Reuse KV cache across prompts with a common prefix; vLLM default when unset.",
     )
-    seed: int = Field(default=0, ge=0, description="Engine seed for requests that give none.")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1, description="Engine seed for requests that give none.")
     stream_interval: int = Field(
         default=1,
         ge=1,

@@ -11,18 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# Per-stage times the ingress reports, in milliseconds, in pipeline order. X-Multimodal-Time only comes
-# with images, X-Vocoder-First-Chunk-Time only with speech; X-Total-Time only with non-streamed
-# responses (a streamed one's headers leave first).
-STAGE_HEADERS = {
-    "X-Multimodal-Time": "multimodal",
-    "X-Tokenizer-Time": "tokenizer",
-    "X-LLM-First-Chunk-Time": "llm_first_chunk",  # from the ingress's call to the llm stage's first chunk
-    "X-LLM-Engine-Time": "llm_engine",  # the engine's part of that: queue and prefill, inside the llm stage
-    "X-First-Token-Time": "first_token",  # the ingress's whole part of the TTFT, from the request's arrival
-    "X-Vocoder-First-Chunk-Time": "vocoder_first_chunk",
-    "X-Total-Time": "total",
-}
+from serve_app.ingress.pipeline.responses import TIMING_HEADERS
+
+# Per-stage times the ingress reports, in milliseconds, in pipeline order: header -> stage.
+STAGE_HEADERS = {header: stage for stage, header in TIMING_HEADERS.items()}
 
 
 def stage_times_ms(headers: Mapping[str, str]) -> dict[str, float]:

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import (
     BadRequestError,
+    NotFoundError,
     OpenAIError,
     OverloadedError,
     error_body,
@@ -166,7 +167,10 @@ def create_app(graph: ModelRouter | Services) -> FastAPI:
         # FastAPI's own 4xx (a body that is not UTF-8 or nests too deep, unknown route, wrong method)
         # in the OpenAI shape rather than `{"detail": ...}`.
         message = "The request body is not valid JSON." if exc.status_code == 400 else str(exc.detail)
-        error_type = "BadRequestError" if exc.status_code < 500 else "InternalServerError"
+        if exc.status_code == 404:
+            error_type = NotFoundError.error_type
+        else:
+            error_type = "BadRequestError" if exc.status_code < 500 else "InternalServerError"
         body = error_body(message, error_type, code=exc.status_code)
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 

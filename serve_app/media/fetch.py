@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from serve_app.config import MultimodalConfig
+from serve_app.config import MultimodalConfig, host_entry
 from serve_app.errors import BadRequestError
 from serve_app.media.images import parse_data_url
 
@@ -54,10 +54,11 @@ class ImageFetcher:
         self._allowed_names: set[str] = set()
         self._allowed_networks: list[IPNetwork] = []
         for entry in config.fetch.allowed_hosts:
-            try:
-                self._allowed_networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
-            except ValueError:
-                self._allowed_names.add(entry.lower().rstrip("."))
+            allowed = host_entry(entry)  # valid: the config checked it
+            if isinstance(allowed, str):
+                self._allowed_names.add(allowed)
+            else:
+                self._allowed_networks.append(allowed)
         local_dir = config.fetch.allowed_local_dir
         self._local_dir = Path(local_dir).resolve() if local_dir else None
         self._client: httpx.AsyncClient | None = None

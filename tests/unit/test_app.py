@@ -195,6 +195,13 @@ def test_health_after_polls(services: Services, fake_llm: Any) -> None:
         )
 
 
+def test_unknown_route_and_wrong_method_are_openai_errors(client: TestClient) -> None:
+    assert_openai_error(client.get("/v1/nope"), 404, "NotFoundError")
+    response = client.get(CHAT)
+    assert_openai_error(response, 405, "BadRequestError")
+    assert response.headers["allow"] == "POST"
+
+
 def test_metrics(client: TestClient) -> None:
     assert client.post(CHAT, json={"messages": HI, "max_tokens": 3}).status_code == 200
     assert client.post(CHAT, json={"messages": HI, "n": 0}).status_code == 400

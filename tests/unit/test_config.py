@@ -67,6 +67,12 @@ def test_args_are_frozen() -> None:
         (minimal(limits={"max_n": 0}), "limits.max_n"),
         (minimal(health={"timeout_s": 0}), "health.timeout_s"),
         ({}, "model"),
+        # strict types: a quoted "yes" must not turn on remote code, nor a string pass as a number
+        ({"model": {"path": "m", "max_model_len": 64, "trust_remote_code": "yes"}}, "model.trust_remote_code"),
+        ({"model": {"path": "m", "max_model_len": "4096"}}, "model.max_model_len"),
+        (minimal(engine={"seed": 2**63}), "engine.seed"),
+        (minimal(multimodal={"fetch": {"allowed_hosts": ["10.0.0.0/33"]}}), "multimodal.fetch.allowed_hosts"),
+        (minimal(multimodal={"fetch": {"allowed_hosts": ["exa mple"]}}), "multimodal.fetch.allowed_hosts"),
     ],
 )
 def test_bad_value_names_the_dotted_field(raw: dict[str, Any], field: str) -> None:

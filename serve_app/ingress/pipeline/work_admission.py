@@ -142,14 +142,19 @@ class WorkGate:
         limit = min(self._max_wait_s, math.inf if deadline_s is None else deadline_s)
         ahead_s, own_s = self.backlog_s / self.speed, own / self.speed
         if self.live and ahead_s + own_s > limit:
-            raise OverloadedError(
-                f"The engine has about {ahead_s:.1f} s of admitted work ahead of this request, which "
-                f"needs about {own_s:.1f} s more; more than the {limit:.1f} s it may wait. Retry later.",
-                code="overloaded",
-                stage="ingress",
-                reason="expected_wait",
-            )
+            raise expected_wait_error(ahead_s, own_s, limit)
         return WorkTicket(self, prompt_tokens * self.prefill_s, self._decode_s, max_tokens)
+
+
+def expected_wait_error(ahead_s: float, own_s: float, limit_s: float) -> OverloadedError:
+    """The refusal of a request whose wait, `ahead_s` of admitted work and its own `own_s`, exceeds `limit_s`."""
+    return OverloadedError(
+        f"The engine has about {ahead_s:.1f} s of admitted work ahead of this request, which "
+        f"needs about {own_s:.1f} s more; more than the {limit_s:.1f} s it may wait. Retry later.",
+        code="overloaded",
+        stage="ingress",
+        reason="expected_wait",
+    )
 
 
 def admit_prompt(

@@ -1,0 +1,32 @@
+"""The ingress deployment's wiring (deployments/ingress.py), with recording handles instead of Serve's."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from ray.serve import Deployment
+
+from deployments.ingress import Ingress
+from serve_app.config import AppArgs
+
+
+class RecordingHandle:
+    """Records the options it is asked for and gives a handle that records its own."""
+
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        self.given = options or {}
+
+    def options(self, **options: Any) -> RecordingHandle:
+        return RecordingHandle({**self.given, **options})
+
+
+def test_every_stage_handle_uses_the_standard_pickle_both_ways(app_args: AppArgs) -> None:
+    stages = {"tokenizer": RecordingHandle(), "llm": RecordingHandle()}
+    ingress: Any = cast(Deployment, Ingress).func_or_class  # the class under Serve's decorators
+    services = ingress._services(app_args, stages)
+    # The llm handle's streaming copy is made from the one the ingress configured.
+    handles = [services.llm._handle, services.llm._stream, services.tokenizer._stage._handle]
+    for handle in handles:
+        assert handle.given["request_serialization"] == "pickle"
+        assert handle.given["response_serialization"] == "pickle"
+    assert services.llm._stream.given["stream"] is True
