@@ -32,7 +32,7 @@ import httpx
 from load.bench import targets
 from load.bench.datasets import WORDS
 from load.bench.health import ProbeProcess, summarize
-from load.meta import run_meta
+from load.meta import run_meta, save_result
 from load.stats import summary_ms
 
 
@@ -171,9 +171,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     meta = run_meta("load.burst", None if argv is None else list(argv))
     result = {**meta, "kind": "burst", "label": opts.label, "rows": rows}
     print(markdown(result))
-    if opts.out:
-        opts.out.parent.mkdir(parents=True, exist_ok=True)
-        opts.out.write_text(json.dumps(result, indent=2) + "\n")
+    save_result(opts.out, result)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from typing import Any
 import openai
 
 from load.bench.datasets import WORDS
-from load.meta import run_meta
+from load.meta import run_meta, save_result
 from load.stats import summary_ms
 
 
@@ -97,9 +97,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         row = asyncio.run(measure(url, opts.model, opts.requests, opts.max_tokens, opts.input_words))
         rows.append({"target": name, **row})
         print(json.dumps(rows[-1]))
-    if opts.out is not None:
-        opts.out.parent.mkdir(parents=True, exist_ok=True)
-        opts.out.write_text(json.dumps({**run_meta(), "kind": "client_burst", "rows": rows}, indent=1))
+    save_result(opts.out, {**run_meta(), "kind": "client_burst", "rows": rows})
 
 
 if __name__ == "__main__":

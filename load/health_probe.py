@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from load.bench.health import ProbeProcess, loop_lag, summarize
-from load.meta import run_meta
+from load.meta import run_meta, save_result
 
 WORDS = [
     "serve",
@@ -99,9 +99,7 @@ def main() -> None:
         name, url = target.split("=", 1)
         results["targets"][name] = asyncio.run(measure(url, opts.concurrency, opts.duration, prompts))
         print(name, json.dumps(results["targets"][name]), flush=True)
-    if opts.out:
-        with open(opts.out, "w") as f:
-            json.dump(results, f, indent=2)
+    save_result(opts.out, results)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -30,7 +29,7 @@ from ray import serve
 from ray.serve import Deployment
 from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
 
-from load.meta import run_meta
+from load.meta import run_meta, save_result
 from load.stats import summary_ms
 
 APP = "hop-cost"
@@ -160,9 +159,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rows": rows(runs, args.calls, args.items),
     }
     print(markdown(result))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    save_result(args.out, result)
 
 
 if __name__ == "__main__":

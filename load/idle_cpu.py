@@ -12,14 +12,13 @@ load sent, as shares of a core per role.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from load import rss
 from load.bench import cpu
-from load.meta import run_meta
+from load.meta import run_meta, save_result
 
 
 def shares(cell: cpu.CellCpu) -> dict[str, Any]:
@@ -73,9 +72,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "targets": measure(urls, opts.seconds),
     }
     print(markdown(result["targets"]))
-    if opts.out is not None:
-        opts.out.parent.mkdir(parents=True, exist_ok=True)
-        opts.out.write_text(json.dumps(result, indent=1))
+    save_result(opts.out, result)
 
 
 if __name__ == "__main__":

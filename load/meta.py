@@ -1,12 +1,14 @@
-"""Where and how a result was produced: stored with every result file."""
+"""Where and how a result was produced, stored with every result file; and the file's writing."""
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -27,3 +29,12 @@ def run_meta(module: str | None = None, argv: list[str] | None = None) -> dict[s
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": f"{os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB RAM, no GPU",
     }
+
+
+def save_result(out: Path | str | None, result: dict[str, Any]) -> None:
+    """Writes `result` as JSON to `out` (its directory made if missing); nothing when `out` is None."""
+    if out is None:
+        return
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")

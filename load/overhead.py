@@ -22,7 +22,7 @@ import httpx
 
 from load.bench.client import send
 from load.bench.datasets import Prompt
-from load.meta import run_meta
+from load.meta import run_meta, save_result
 from load.serve_config import load_in_process
 from load.stats import summary_ms
 from serve_app.messages import ChatPrompt, GenerateRequest, SamplingSpec, TokenizeRequest
@@ -112,9 +112,7 @@ def main() -> None:
         parser.error("--max-tokens must be at least 2")
     report = asyncio.run(run(opts))
     print(json.dumps(report, indent=2))
-    if opts.out:
-        with open(opts.out, "w") as f:
-            json.dump(report, f, indent=2)
+    save_result(opts.out, report)
 
 
 if __name__ == "__main__":
