@@ -38,9 +38,9 @@ TRANSPORTS = {"grpc": False, "actor": True}  # name -> the handle's `_by_referen
 
 @serve.deployment(max_ongoing_requests=8, ray_actor_options={"num_cpus": 0})
 class Callee:
-    async def stream(self, items: int) -> AsyncIterator[tuple[int, float]]:
+    async def stream(self, items: int) -> AsyncIterator[int]:
         for i in range(items):
-            yield i, time.perf_counter()
+            yield i
 
     def cpu_s(self) -> float:
         return time.process_time()
@@ -62,7 +62,7 @@ class Caller:
             sent = time.perf_counter()
             response = stream.stream.remote(items)
             assert isinstance(response, DeploymentResponseGenerator)
-            async for i, _at in response:
+            async for i in response:
                 if i == 0:
                     first_s.append(time.perf_counter() - sent)
         wall_s = time.perf_counter() - start
@@ -125,18 +125,24 @@ def markdown(result: dict[str, Any]) -> str:
 def measure(calls: int, items: int, rounds: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """Deploys the pair, runs every (transport, items) cell `rounds` times, interleaved, and removes it."""
     # Typed as classes by mypy; `serve.deployment` made them Deployments.
-    app = cast(Deployment, Caller).bind(cast(Deployment, Callee).bind())
-    handle = serve.run(app, name=APP, route_prefix=None)
+    serve.run(cast(Deployment, Caller).bind(cast(Deployment, Callee).bind()), name=APP, route_prefix=None)
     try:
-        handle.run.remote(10, items, False).result()  # warm: connections, imports, first-call caches
-        runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-        for _ in range(rounds):
-            for transport, by_reference in TRANSPORTS.items():
-                for n in (1, items):
-                    runs.setdefault((transport, n), []).append(handle.run.remote(calls, n, by_reference).result())
-        return runs
+        return asyncio.run(_cells(calls, items, rounds))
     finally:
         serve.delete(APP)
+
+
+async def _cells(calls: int, items: int, rounds: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    # Called from a running event loop: in Serve's throughput mode (configs/ray.env exported) a handle's
+    # router runs on the caller's loop, and a handle used from plain synchronous code fails.
+    handle = serve.get_app_handle(APP)
+    await handle.run.remote(10, items, False)  # warm: connections, imports, first-call caches
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for _ in range(rounds):
+        for transport, by_reference in TRANSPORTS.items():
+            for n in (1, items):
+                runs.setdefault((transport, n), []).append(await handle.run.remote(calls, n, by_reference))
+    return runs
 
 
 def main(argv: Sequence[str] | None = None) -> None:
