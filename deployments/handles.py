@@ -1,7 +1,7 @@
 """`serve_app.ingress.pipeline.clients` over Ray Serve deployment handles.
 
-A unary client method is one line, `name = unary(TheClient.name)`: it calls the deployment's method
-of the same name, with the client Protocol's types.
+A unary stage's client method calls the deployment's method of the same name; the ingress types it by
+the client Protocol it passes the handle as.
 
 A stage's health check is a call like any other: it takes one of the deployment's `max_ongoing_requests`
 slots, or waits in its queue behind the very requests it checks on. So a stage whose calls from here
@@ -16,10 +16,11 @@ own event loop hangs with streams in flight is then left to Serve's health check
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any
 
 from grpc import StatusCode
 from grpc.aio import AioRpcError
@@ -35,7 +36,6 @@ from serve_app.errors import (
     StageUnavailableError,
     find_openai_error,
 )
-from serve_app.ingress.pipeline.clients import MultimodalClient, TokenizerClient, VocoderClient
 from serve_app.messages import GenerateRequest, GenerationChunk
 
 
@@ -95,7 +95,11 @@ class Progress:
 
 
 class _UnaryHandle:
-    """A stage called one request, one response; a full stage becomes a 503 with Retry-After."""
+    """A stage called one request, one response; a full stage becomes a 503 with Retry-After.
+
+    Each method of the stage's client Protocol (`clients.py`) is a call to the deployment's method of the
+    same name (`__getattr__`): a method added to the Protocol and the stage needs nothing here.
+    """
 
     stage = ""
 
@@ -103,6 +107,11 @@ class _UnaryHandle:
         self._handle = handle
         self._on_lost = on_lost
         self.progress = Progress()
+
+    def __getattr__(self, method: str) -> Callable[..., Coroutine[Any, Any, Any]]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return functools.partial(self._call, method)
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         self.progress.in_flight += 1
@@ -134,48 +143,37 @@ class _UnaryHandle:
             await self._call("check_health")
 
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def unary(
-    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
-) -> Callable[Concatenate[_UnaryHandle, P], Coroutine[Any, Any, R]]:
-    """The client method `method` (of a client Protocol) as a call to the stage's method of its name."""
-    name = method.__name__
-
-    async def call(self: _UnaryHandle, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        result: R = await self._call(name, *args, **kwargs)
-        return result
-
-    call.__name__ = call.__qualname__ = name
-    return call
-
-
 class HandleTokenizer(_UnaryHandle):
     stage = "tokenizer"
-    tokenize = unary(TokenizerClient.tokenize)
-    detokenize = unary(TokenizerClient.detokenize)
-    speech_layout = unary(TokenizerClient.speech_layout)
 
 
 class HandleMultimodal(_UnaryHandle):
     stage = "multimodal"
-    process = unary(MultimodalClient.process)
 
 
 class HandleVocoder(_UnaryHandle):
     stage = "vocoder"
-    decode = unary(VocoderClient.decode)
+
+
+class _UnaryLLM(_UnaryHandle):
+    stage = "llm"
 
 
 class HandleLLM:
+    """Its streams and checks are its own; any other `LLMClient` method is a unary call (`_UnaryHandle`)."""
+
     def __init__(self, handle: DeploymentHandle[Any], on_lost: OnStageLost | None = None) -> None:
+        self._unary = _UnaryLLM(handle, on_lost)
         self._handle = handle
         self._stream = handle.options(stream=True)
         self._on_lost = on_lost
         self.in_flight = 0  # streams from here: any one stands for a health check (the module's doc)
         self._metrics = "", -math.inf
+
+    def __getattr__(self, method: str) -> Callable[..., Coroutine[Any, Any, Any]]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return getattr(self._unary, method)  # type: ignore[no-any-return]
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         self.in_flight += 1

@@ -1,38 +1,26 @@
 """LLM deployment: `LLMStage` (the vLLM engine) in its own replicas.
 
-Ray Serve calls `check_health` periodically, and the ingress's health poll calls it through its handle;
-an engine that died fails it, and Serve replaces the replica.
+It is the stage class itself, as for the tokenizer. Ray Serve calls `check_health` periodically, and the
+ingress's health poll calls it through its handle; an engine that died fails it, and Serve replaces the
+replica.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 from ray import serve
 
 from serve_app.config import AppArgs
-from serve_app.messages import GenerateRequest, GenerationChunk
 from serve_app.stages.llm import LLMStage
 
 
 @serve.deployment(name="llm", max_ongoing_requests=256, max_queued_requests=512,
                   health_check_period_s=5, health_check_timeout_s=30,
                   ray_actor_options={"num_cpus": 1})  # fmt: skip
-class LLM:
+class LLM(LLMStage):
     def __init__(self, args: AppArgs) -> None:
-        self._stage = LLMStage.from_args(args)
+        super().__init__(*LLMStage.parts(args))
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
-        async for chunk in self._stage.generate(request):
-            yield chunk
-
-    async def check_health(self) -> None:
-        await self._stage.check_health()
-
-    def num_unfinished_requests(self) -> int:
-        return self._stage.num_unfinished_requests()
-
-    def metrics_text(self) -> str:
+    async def metrics_text(self) -> str:
         # vLLM registers its engine metrics in this process's default registry. Imported here: Serve
         # pickles this class by value, and the registry holds locks.
         from prometheus_client import REGISTRY, generate_latest
@@ -40,4 +28,4 @@ class LLM:
         return generate_latest(REGISTRY).decode()
 
     def __del__(self) -> None:
-        self._stage.shutdown()
+        self.shutdown()

@@ -1,7 +1,7 @@
 """Vocoder deployment: `VocoderStage` (the codec decoder) in its own replicas, scaled apart from the
 talker's engine.
 
-Its methods are the in-process client's (`LocalVocoder`), as for the tokenizer.
+It is the stage class itself, as for the tokenizer.
 """
 
 from __future__ import annotations
@@ -9,15 +9,14 @@ from __future__ import annotations
 from ray import serve
 
 from serve_app.config import AppArgs
-from serve_app.stages.local import LocalVocoder
 from serve_app.stages.vocoder import VocoderStage
 
 
 @serve.deployment(name="vocoder", max_ongoing_requests=8, max_queued_requests=64,
                   ray_actor_options={"num_cpus": 1})  # fmt: skip
-class Vocoder(LocalVocoder):
+class Vocoder(VocoderStage):
     def __init__(self, args: AppArgs) -> None:
-        super().__init__(VocoderStage.from_args(args))
+        super().__init__(*VocoderStage.parts(args))
 
     def __del__(self) -> None:
-        self._stage.close()
+        self.close()

@@ -19,7 +19,6 @@ from serve_app.ingress.pipeline.clients import TokenizerClient
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import TokenizedPrompt, TokenizeRequest
 from serve_app.stages.llm import LLMStage
-from serve_app.stages.local import LocalLLM, LocalMultimodal, LocalTokenizer, LocalVocoder
 from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage
 from serve_app.stages.vocoder import VocoderStage
@@ -32,13 +31,13 @@ class LoopTokenizer:
         self._stage = stage
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
-        return self._stage.tokenize(request)
+        return self._stage.tokenize_sync(request)
 
     async def detokenize(self, token_ids: list[int]) -> str:
-        return self._stage.detokenize(token_ids)
+        return self._stage.detokenize_sync(token_ids)
 
     async def speech_layout(self) -> OrpheusLayout | None:
-        return self._stage.speech_layout
+        return self._stage.layout
 
     async def check_health(self) -> None:
         return None
@@ -58,13 +57,10 @@ def main() -> None:
 
     llm = LLMStage.from_args(args)
     stage = TokenizerStage.from_args(args)
-    tokenizer: TokenizerClient = LoopTokenizer(stage) if opts.tokenize_on_loop else LocalTokenizer(stage)
+    tokenizer: TokenizerClient = LoopTokenizer(stage) if opts.tokenize_on_loop else stage
     images = MultimodalStage.from_args(args) if args.multimodal is not None else None
     vocoder = VocoderStage.from_args(args) if args.tts is not None else None
-    services = Services.create(
-        args, tokenizer, LocalLLM(llm),
-        LocalMultimodal(images) if images else None, LocalVocoder(vocoder) if vocoder else None,
-    )  # fmt: skip
+    services = Services.create(args, tokenizer, llm, images, vocoder)
     services.closers += [
         stage.close,
         llm.shutdown,

@@ -62,7 +62,7 @@ async def direct(stage: LLMStage, token_ids: list[int], max_tokens: int) -> tupl
 async def run(opts: argparse.Namespace) -> dict[str, Any]:
     args = load_in_process(opts.config)
     tokenizer = TokenizerStage.from_args(args)
-    token_ids = tokenizer.tokenize(TokenizeRequest(ChatPrompt(MESSAGES), add_special_tokens=False)).token_ids
+    token_ids = tokenizer.tokenize_sync(TokenizeRequest(ChatPrompt(MESSAGES), add_special_tokens=False)).token_ids
     prompt = Prompt(QUESTION, input_len=len(token_ids), output_len=opts.max_tokens)
     stage = LLMStage.from_args(args)
     targets = dict(t.split("=", 1) for t in opts.target)

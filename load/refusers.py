@@ -77,12 +77,11 @@ def ingress_app(config: str = "configs/cpu-tiny.yaml") -> Any:
     from load.serve_config import load_in_process
     from serve_app.ingress.app import create_app
     from serve_app.ingress.pipeline.services import Services
-    from serve_app.stages.local import LocalTokenizer
     from serve_app.stages.tokenizer import TokenizerStage
 
     args = load_in_process(config, MODEL)
     args = args.model_copy(update={"admission": args.admission.model_copy(update={"max_wait_s": 1.0})})
-    services = Services.create(args, LocalTokenizer(TokenizerStage.from_args(args)), _Endless())
+    services = Services.create(args, TokenizerStage.from_args(args), _Endless())
     assert services.work is not None  # the default config admits tiny-chat by work
     fastapi_app = create_app(services)
     fastapi_app.state.held = services.work.admit(prompt_tokens=1, max_tokens=4000)

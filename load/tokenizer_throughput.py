@@ -3,7 +3,7 @@
 Each prompt is one user message of `--input-len` random single-token words (the bench's words), rendered
 with the model's chat template and tokenized without special tokens, as a chat request is.
 - reference: the model's HF tokenizer called directly in this process, one thread: what tokenizing costs.
-- stage: `TokenizerStage.tokenize_async` in this process with `--threads` threads (default: the config's),
+- stage: `TokenizerStage.tokenize` in this process with `--threads` threads (default: the config's),
   the class the tokenizer deployment runs, all prompts submitted at once.
 - graph (with `--url`): `POST {url}/tokenize` with `messages`, which the ingress forwards to the tokenizer
   deployment, from `--concurrency` clients.
@@ -91,7 +91,7 @@ async def staged(stage: TokenizerStage, chats: Sequence[Messages]) -> tuple[int,
     # What `/tokenize` asks of the stage for `messages`.
     requests = [TokenizeRequest(ChatPrompt(list(m)), add_special_tokens=False, check_context=False) for m in chats]
     start = time.perf_counter()
-    results = await asyncio.gather(*(stage.tokenize_async(r) for r in requests))
+    results = await asyncio.gather(*(stage.tokenize(r) for r in requests))
     return sum(len(r.token_ids) for r in results), time.perf_counter() - start
 
 
@@ -131,7 +131,7 @@ def build_result(opts: argparse.Namespace, model: str, threads: int, paths: dict
     """The result document, less run_meta; `paths` has "reference", "stage" and maybe "graph"."""
     how = {
         "reference": "HF tokenizer in this process, 1 thread",
-        "stage": f"TokenizerStage.tokenize_async in this process, {threads} threads",
+        "stage": f"TokenizerStage.tokenize in this process, {threads} threads",
         "graph": f"POST {opts.url}/tokenize, {opts.concurrency} clients",
     }
     ref = paths["reference"]

@@ -157,6 +157,16 @@ class RateLimitError(OpenAIError):
     error_type = "RateLimitError"
 
 
+def error_type_of(status_code: int) -> str:
+    """The error `type` of an HTTP status that our code did not raise (FastAPI's own 4xx): that of the
+    class above with this status, else BadRequestError (4xx) or InternalServerError."""
+    for cls in (BadRequestError, AuthenticationError, NotFoundError, PayloadTooLargeError, RateLimitError,
+                ServiceUnavailableError, DeadlineExceededError):  # fmt: skip
+        if cls.status_code == status_code:
+            return cls.error_type
+    return BadRequestError.error_type if status_code < 500 else OpenAIError.error_type
+
+
 def error_response(error: OpenAIError, admission: AdmissionConfig | None = None) -> JSONResponse:
     """`error` as an HTTP answer. A refusal carries `admission.retry_after_s` as Retry-After; a
     request not admitted (OverloadedError) also gets the `admission:` status."""

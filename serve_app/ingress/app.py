@@ -21,11 +21,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.errors import (
     BadRequestError,
-    NotFoundError,
     OpenAIError,
     OverloadedError,
     error_body,
     error_response,
+    error_type_of,
     find_openai_error,
 )
 from serve_app.ingress.chat.protocol import ChatCompletionRequest
@@ -167,11 +167,7 @@ def create_app(graph: ModelRouter | Services) -> FastAPI:
         # FastAPI's own 4xx (a body that is not UTF-8 or nests too deep, unknown route, wrong method)
         # in the OpenAI shape rather than `{"detail": ...}`.
         message = "The request body is not valid JSON." if exc.status_code == 400 else str(exc.detail)
-        if exc.status_code == 404:
-            error_type = NotFoundError.error_type
-        else:
-            error_type = "BadRequestError" if exc.status_code < 500 else "InternalServerError"
-        body = error_body(message, error_type, code=exc.status_code)
+        body = error_body(message, error_type_of(exc.status_code), code=exc.status_code)
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(Exception)

@@ -223,7 +223,6 @@ class LLMStage:
         self,
         engine: Engine,
         audio_token_ids: list[int] | None = None,
-        *,
         max_seqs: int | None = None,
         watchdog: EngineWatchdog | None = None,
     ) -> None:
@@ -236,8 +235,9 @@ class LLMStage:
         # admissions cannot all pass the check before any of them reaches the engine.
         self._seqs = 0
 
-    @classmethod
-    def from_args(cls, args: AppArgs) -> LLMStage:
+    @staticmethod
+    def parts(args: AppArgs) -> tuple[Engine, list[int] | None, int, EngineWatchdog]:
+        """The constructor's arguments for `args`: this builds the engine."""
         audio_token_ids = None
         if args.tts is not None and args.tts.constrain_to_audio_tokens:
             from transformers import AutoTokenizer
@@ -249,12 +249,15 @@ class LLMStage:
             )
             layout = OrpheusLayout.from_tokenizer(tokenizer)
             audio_token_ids = [*layout.audio_token_ids(), layout.stop_id]
-        return cls(
-            build_engine(args),
-            audio_token_ids,
-            max_seqs=args.engine.max_num_seqs + args.engine.max_waiting_requests,
-            watchdog=EngineWatchdog(args.engine.watchdog_timeout_s),
-        )
+        max_seqs = args.engine.max_num_seqs + args.engine.max_waiting_requests
+        return build_engine(args), audio_token_ids, max_seqs, EngineWatchdog(args.engine.watchdog_timeout_s)
+
+    @classmethod
+    def from_args(cls, args: AppArgs) -> LLMStage:
+        return cls(*cls.parts(args))
+
+    # `generate`, `check_health` and `metrics_text` are the `LLMClient` methods: what the ingress calls,
+    # in-process or through the deployment (which is this class).
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         from vllm.inputs import TokensPrompt
@@ -309,6 +312,11 @@ class LLMStage:
             await self._engine.check_health()
         except Exception as exc:
             raise ServiceUnavailableError(f"engine unhealthy: {exc}") from exc
+
+    async def metrics_text(self) -> str:
+        """The engine's metrics for the ingress's `/metrics`. In one process they are already in the
+        ingress's registry; the deployment answers with its own process's."""
+        return ""
 
     def num_unfinished_requests(self) -> int:
         return self._engine.get_num_unfinished_requests()

@@ -86,15 +86,24 @@ class MultimodalStage:
         self._cache = ImageCache(config.cache_entries)
         self._executor = ThreadPoolExecutor(config.threads, thread_name_prefix="multimodal")
 
-    @classmethod
-    def from_args(cls, args: AppArgs) -> MultimodalStage:
+    @staticmethod
+    def parts(args: AppArgs) -> tuple[MultimodalConfig, ImageSize, TokenCounter]:
+        """The constructor's arguments for `args`."""
         if args.multimodal is None:
             raise ValueError("the multimodal stage needs a `multimodal` block in the app args")
         processor = load_hf_processor(args.model.path, args.model.trust_remote_code)
         if getattr(processor, "image_processor", None) is None:
             raise ValueError(f"model {args.model.path} has no image processor: it is not a vision model")
-        size = ImageSize.from_hf_image_processor(processor.image_processor)
-        return cls(args.multimodal, size, token_counter(processor))
+        return args.multimodal, ImageSize.from_hf_image_processor(processor.image_processor), token_counter(processor)
+
+    @classmethod
+    def from_args(cls, args: AppArgs) -> MultimodalStage:
+        return cls(*cls.parts(args))
+
+    # `process` and `check_health` are the `MultimodalClient` methods: what the ingress calls, in-process
+    # or through the deployment (which is this class).
+    async def check_health(self) -> None:
+        return None
 
     async def process(self, request: ImagesRequest) -> ProcessedImages:
         start = time.perf_counter()
@@ -136,10 +145,6 @@ class MultimodalStage:
         pixels = np.asarray(image, dtype=np.uint8)
         height, width = pixels.shape[:2]
         return pixels, self._count_tokens(height, width)
-
-    @property
-    def cached_images(self) -> int:
-        return len(self._cache)
 
     async def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

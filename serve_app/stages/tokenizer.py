@@ -149,16 +149,19 @@ class TokenizerStage:
         self._executor = ThreadPoolExecutor(threads, thread_name_prefix="tokenizer")
         with self._pool.borrow() as tok:
             self.vocab_size = len(tok)
-            self._speech = OrpheusLayout.from_tokenizer(tok) if speech else None
+            # The talker's token layout: the ingress needs its audio ids to assemble codec frames.
+            self.layout = OrpheusLayout.from_tokenizer(tok) if speech else None
+
+    @staticmethod
+    def parts(args: AppArgs, threads: int | None = None) -> tuple[TokenizerFactory, int, int, bool, bool]:
+        """The constructor's arguments for `args`, with `threads` worker threads (default `tokenizer.threads`)."""
+        factory = load_hf_tokenizer(args.model.tokenizer_path, args.model.trust_remote_code)
+        vision, speech = args.multimodal is not None, args.tts is not None
+        return factory, args.model.max_model_len, threads or args.tokenizer.threads, vision, speech
 
     @classmethod
     def from_args(cls, args: AppArgs, threads: int | None = None) -> TokenizerStage:
-        """The stage for `args`, with `threads` worker threads (default `tokenizer.threads`)."""
-        factory = load_hf_tokenizer(args.model.tokenizer_path, args.model.trust_remote_code)
-        return cls(
-            factory, args.model.max_model_len, threads or args.tokenizer.threads,
-            vision=args.multimodal is not None, speech=args.tts is not None,
-        )  # fmt: skip
+        return cls(*cls.parts(args, threads))
 
     @property
     def threads(self) -> int:
@@ -170,22 +173,24 @@ class TokenizerStage:
         with self._pool.borrow() as tok:
             return max_chars_per_token(tok)
 
-    @property
-    def speech_layout(self) -> OrpheusLayout | None:
-        """The talker's token layout: the ingress needs its audio ids to assemble codec frames."""
-        return self._speech
+    # The `TokenizerClient` methods: what the ingress calls, in-process or through the deployment (which
+    # is this class). They run off the caller's event loop, so the loop stays free for health checks.
+    async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.tokenize_sync, request)
 
-    async def tokenize_async(self, request: TokenizeRequest) -> TokenizedPrompt:
-        """`tokenize` off the caller's event loop, so the loop stays free for health checks."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.tokenize, request)
+    async def detokenize(self, token_ids: list[int]) -> str:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.detokenize_sync, token_ids)
 
-    async def detokenize_async(self, token_ids: list[int]) -> str:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.detokenize, token_ids)
+    async def speech_layout(self) -> OrpheusLayout | None:
+        return self.layout
+
+    async def check_health(self) -> None:
+        return None
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
+    def tokenize_sync(self, request: TokenizeRequest) -> TokenizedPrompt:
         # Checked here, in the worker thread: a request that waited past its deadline in the
         # executor's queue is dropped without being tokenized.
         DeadlineExceededError.check(request.deadline, "tokenizer")
@@ -198,7 +203,7 @@ class TokenizerStage:
         max_tokens = self._check_length(num_prompt_tokens, request) if request.check_context else 0
         return TokenizedPrompt(token_ids, max_tokens, time.perf_counter() - start, num_prompt_tokens)
 
-    def detokenize(self, token_ids: list[int]) -> str:
+    def detokenize_sync(self, token_ids: list[int]) -> str:
         self._check_ids(token_ids, "tokens")
         with self._pool.borrow() as tok:
             return str(tok.decode(token_ids))
@@ -217,10 +222,10 @@ class TokenizerStage:
 
     def _speech_prompt(self, tok: Any, prompt: SpeechPrompt) -> list[int]:
         """The Orpheus talker's prompt: start marker, `voice: text` with BOS, end markers."""
-        if self._speech is None:
+        if self.layout is None:
             raise BadRequestError("This model does not generate speech.", param="model")
         text = list(tok.encode(f"{prompt.voice}: {prompt.text}", add_special_tokens=True))
-        return [*self._speech.start_ids, *text, *self._speech.end_ids]
+        return [*self.layout.start_ids, *text, *self.layout.end_ids]
 
     def _render_chat(self, tok: Any, prompt: ChatPrompt) -> str:
         if not prompt.messages:

@@ -1,8 +1,8 @@
 """Vocoder stage: codec frames to 16-bit PCM, in its own deployment.
 
 Decoding is the TTS path's CPU-heavy step (a SNAC frame costs tens of milliseconds on a core), so it
-runs apart from the ingress and the talker and scales by replicas. `decode_async` runs the
-synchronous `decode` in the stage's one worker thread (torch decodes outside the GIL), so the caller's
+runs apart from the ingress and the talker and scales by replicas. `decode` runs the
+synchronous `decode_sync` in the stage's one worker thread (torch decodes outside the GIL), so the caller's
 event loop keeps answering health checks; more throughput means more replicas, not threads.
 """
 
@@ -28,23 +28,32 @@ class VocoderStage:
     def from_path(cls, path: str, threads: int = 1) -> VocoderStage:
         return cls(SnacDecoder(path, threads))
 
-    @classmethod
-    def from_args(cls, args: AppArgs) -> VocoderStage:
+    @staticmethod
+    def parts(args: AppArgs) -> tuple[CodecDecoder]:
+        """The constructor's arguments for `args`."""
         if args.tts is None:
             raise ValueError("the vocoder stage needs a `tts` block in the app args")
-        stage = cls.from_path(args.tts.codec, args.tts.codec_threads)
+        decoder = SnacDecoder(args.tts.codec, args.tts.codec_threads)
         # The ingress sizes requests and labels audio with these before any chunk comes back.
-        decoder = stage._decoder
         if (decoder.sample_rate, decoder.samples_per_frame) != (args.tts.sample_rate, args.tts.samples_per_frame):
             raise ValueError(
                 f"codec {args.tts.codec} makes {decoder.samples_per_frame} samples per frame at "
                 f"{decoder.sample_rate} Hz; tts.sample_rate and tts.samples_per_frame say "
                 f"{args.tts.samples_per_frame} at {args.tts.sample_rate} Hz"
             )
-        return stage
+        return (decoder,)
 
-    async def decode_async(self, request: VocodeRequest) -> AudioChunk:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self.decode, request)
+    @classmethod
+    def from_args(cls, args: AppArgs) -> VocoderStage:
+        return cls(*cls.parts(args))
+
+    # `decode` and `check_health` are the `VocoderClient` methods: what the ingress calls, in-process or
+    # through the deployment (which is this class).
+    async def decode(self, request: VocodeRequest) -> AudioChunk:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.decode_sync, request)
+
+    async def check_health(self) -> None:
+        return None
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -70,7 +79,7 @@ class VocoderStage:
             if not all(0 <= code < codebook for code in frame):
                 raise BadRequestError(f"frames[{i}] has a code outside [0, {codebook}).", param="frames")
 
-    def decode(self, request: VocodeRequest) -> AudioChunk:
+    def decode_sync(self, request: VocodeRequest) -> AudioChunk:
         start = time.perf_counter()
         self._validate(request)
         [audio] = self._decoder.decode([request])

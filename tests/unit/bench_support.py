@@ -19,7 +19,6 @@ from load.bench.targets import free_port
 from serve_app.config import parse_app_args
 from serve_app.ingress.pipeline.clients import LLMClient
 from serve_app.ingress.pipeline.services import Services
-from serve_app.stages.local import LocalMultimodal, LocalTokenizer
 from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage
 
@@ -56,7 +55,7 @@ def vision_services(model_path: Path, llm: LLMClient) -> Services:
     })  # fmt: skip
     tokenizer = TokenizerStage.from_args(args)
     images = MultimodalStage.from_args(args)
-    services = Services.create(args, LocalTokenizer(tokenizer), llm, LocalMultimodal(images))
+    services = Services.create(args, tokenizer, llm, images)
     services.closers += [tokenizer.close, images.close]
     return services
 

@@ -27,7 +27,6 @@ from serve_app.messages import (
 )
 from serve_app.models.tiny_chat import ensure_tiny_chat_model
 from serve_app.models.tiny_llava import ensure_tiny_llava_model
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,7 +143,7 @@ def fake_llm() -> FakeLLM:
 
 @pytest.fixture
 def services(app_args: AppArgs, tokenizer_stage: TokenizerStage, fake_llm: FakeLLM) -> Services:
-    return Services.create(app_args, LocalTokenizer(tokenizer_stage), fake_llm)
+    return Services.create(app_args, tokenizer_stage, fake_llm)
 
 
 @pytest.fixture
@@ -196,13 +195,16 @@ class HeldLLM(FakeLLM):
                 await self.release.wait()
 
 
-class CountingTokenizer(LocalTokenizer):
-    """The tokenizer stage, counting its calls."""
+class CountingTokenizer:
+    """The tokenizer stage, counting its `tokenize` calls."""
 
     def __init__(self, stage: TokenizerStage) -> None:
-        super().__init__(stage)
+        self._stage = stage
         self.calls = 0
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._stage, method)
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
         self.calls += 1
-        return await super().tokenize(request)
+        return await self._stage.tokenize(request)

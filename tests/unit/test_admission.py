@@ -19,7 +19,6 @@ from serve_app.ingress.app import create_app
 from serve_app.ingress.middleware.admission import InFlightLimit
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import MODEL_NAME, FakeLLM
 
@@ -44,7 +43,7 @@ def rejections(client: TestClient) -> dict[tuple[str, str], float]:
 
 def client_with(app_args: AppArgs, tokenizer_stage: TokenizerStage, llm: FakeLLM, **admission: Any) -> TestClient:
     args = app_args.model_copy(update={"admission": AdmissionConfig(**admission)})
-    return TestClient(create_app(Services.create(args, LocalTokenizer(tokenizer_stage), llm)))
+    return TestClient(create_app(Services.create(args, tokenizer_stage, llm)))
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -19,7 +19,6 @@ from serve_app.errors import BadRequestError
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import ImagesRequest, ProcessedImage, ProcessedImages
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
 
@@ -72,7 +71,7 @@ def multimodal() -> FakeMultimodal:
 
 @pytest.fixture
 def vision_client(vision_args: Any, vision_tokenizer: TokenizerStage, fake_llm: FakeLLM, multimodal: Any) -> Any:
-    services = Services.create(vision_args, LocalTokenizer(vision_tokenizer), fake_llm, multimodal)
+    services = Services.create(vision_args, vision_tokenizer, fake_llm, multimodal)
     return TestClient(create_app(services))
 
 

@@ -17,7 +17,6 @@ from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import GenerateRequest, GenerationChunk
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
 
@@ -37,7 +36,7 @@ def with_work_admission(app_args: AppArgs, tokenizer_stage: TokenizerStage, llm:
     """Services with admission by work, so that every stream holds a work ticket."""
     admission = AdmissionConfig(prefill_tokens_per_s=1e6, decode_tokens_per_s=10, max_wait_s=60.0)
     args = app_args.model_copy(update={"admission": admission})
-    return Services.create(args, LocalTokenizer(tokenizer_stage), llm)
+    return Services.create(args, tokenizer_stage, llm)
 
 
 @pytest.fixture

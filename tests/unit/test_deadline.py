@@ -98,8 +98,8 @@ async def test_within_counts_a_stages_refusal_and_passes_other_errors() -> None:
 
 def test_the_tokenizer_stage_refuses_late_work(tokenizer_stage: TokenizerStage) -> None:
     with pytest.raises(DeadlineExceededError, match="tokenizer"):
-        tokenizer_stage.tokenize(TokenizeRequest(TextPrompt("hi"), True, deadline=PAST))
-    assert tokenizer_stage.tokenize(TokenizeRequest(TextPrompt("hi"), True, deadline=time.time() + 60)).token_ids
+        tokenizer_stage.tokenize_sync(TokenizeRequest(TextPrompt("hi"), True, deadline=PAST))
+    assert tokenizer_stage.tokenize_sync(TokenizeRequest(TextPrompt("hi"), True, deadline=time.time() + 60)).token_ids
 
 
 def test_a_unary_request_past_its_deadline_is_a_504_and_stops_the_engine(

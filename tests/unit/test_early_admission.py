@@ -15,7 +15,6 @@ from serve_app.ingress.app import create_app
 from serve_app.ingress.middleware.early_admission import EarlyAdmission, Weight, weigh
 from serve_app.ingress.pipeline.router import ModelRouter
 from serve_app.ingress.pipeline.services import Services
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import CountingTokenizer, FakeLLM, HeldLLM
 
@@ -125,7 +124,7 @@ async def test_a_refusal_answers_as_the_model_it_names(
     assert full.work is not None
     full.work.admit(prompt_tokens=0, max_tokens=1000)  # 10 s of work admitted: the next request waits too long
     other_args = app_args.model_copy(update={"model": app_args.model.model_copy(update={"served_model_name": "b"})})
-    other = Services.create(other_args, LocalTokenizer(tokenizer_stage), FakeLLM())
+    other = Services.create(other_args, tokenizer_stage, FakeLLM())
     full.args = full.args.model_copy(update={"admission": full.args.admission.model_copy(update={"status_code": 429})})
     transport = httpx.ASGITransport(app=create_app(ModelRouter([full, other])))
     async with httpx.AsyncClient(transport=transport, base_url="http://graph") as client:

@@ -19,6 +19,7 @@ from serve_app.errors import (
     RateLimitError,
     ServiceUnavailableError,
     error_response,
+    error_type_of,
     find_openai_error,
 )
 
@@ -158,3 +159,13 @@ def test_find_stops_on_cycles() -> None:
     wrapper = Wrapper(None)
     wrapper.cause = wrapper
     assert find_openai_error(wrapper) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "error_type"),
+    [(400, "BadRequestError"), (401, "AuthenticationError"), (404, "NotFoundError"), (405, "BadRequestError"),
+     (413, "BadRequestError"), (429, "RateLimitError"), (503, "ServiceUnavailableError"),
+     (504, "GatewayTimeoutError"), (500, "InternalServerError"), (502, "InternalServerError")],
+)  # fmt: skip
+def test_a_status_we_did_not_raise_gets_the_type_of_our_error_of_that_status(status: int, error_type: str) -> None:
+    assert error_type_of(status) == error_type

@@ -20,7 +20,6 @@ from deployments.tokenizer import Tokenizer
 from serve_app.config import AppArgs
 from serve_app.errors import OverloadedError, PayloadTooLargeError, StageUnavailableError
 from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
-from serve_app.stages.local import LocalTokenizer
 
 
 class FailingHandle:
@@ -176,6 +175,9 @@ class InProcessHandle:
     def __getattr__(self, method: str) -> Any:
         return InProcessMethod(getattr(self.replica, method))
 
+    def options(self, **_: Any) -> InProcessHandle:
+        return self
+
 
 class InProcessMethod:
     def __init__(self, method: Any) -> None:
@@ -190,7 +192,7 @@ async def test_each_handle_method_calls_the_deployment_method_of_its_name(app_ar
     tokenizer = HandleTokenizer(InProcessHandle(replica))  # type: ignore[arg-type]
     request = TokenizeRequest(TextPrompt("hello there"), add_special_tokens=True)
     tokenized = await tokenizer.tokenize(request)
-    assert tokenized.token_ids == (await LocalTokenizer(replica._stage).tokenize(request)).token_ids
+    assert tokenized.token_ids == (await replica.tokenize(request)).token_ids
     assert await tokenizer.detokenize(tokenized.token_ids) == await replica.detokenize(tokenized.token_ids)
     assert await tokenizer.speech_layout() is None  # a text model
     await tokenizer.check_health()
@@ -308,3 +310,11 @@ async def test_a_metrics_scrape_does_not_wait_for_a_slot_of_a_full_llm_stage(mon
     assert text.startswith("# llm stage at capacity: its metrics as of ")
     assert text.endswith(" s ago\nvllm:num_requests_running 2.0\n")
     assert responses[0].cancelled and responses[2].cancelled  # the places they took are given back
+
+
+async def test_any_other_llm_client_method_is_a_call_to_the_deployment_method_of_its_name() -> None:
+    class Replica:
+        async def num_unfinished_requests(self) -> int:
+            return 3
+
+    assert await HandleLLM(InProcessHandle(Replica())).num_unfinished_requests() == 3  # type: ignore[arg-type]

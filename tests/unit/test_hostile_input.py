@@ -16,7 +16,6 @@ from fastapi.testclient import TestClient
 from serve_app.config import AppArgs, parse_app_args
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.services import Services
-from serve_app.stages.local import LocalMultimodal, LocalTokenizer
 from serve_app.stages.multimodal import MultimodalStage
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.hostile_corpus import CASES, HI, SPEECH, HostileCase, check_error
@@ -55,8 +54,8 @@ def speech_tokenizer(speech_args: AppArgs) -> Iterator[TokenizerStage]:
 @pytest.fixture(scope="module")
 def engines(speech_tokenizer: TokenizerStage) -> dict[str, Any]:
     """One fake engine per app, shared by the module: no case may ever reach one."""
-    assert speech_tokenizer.speech_layout is not None
-    return {"text": FakeLLM(), "vision": FakeLLM(), "speech": FakeTalker(speech_tokenizer.speech_layout)}
+    assert speech_tokenizer.layout is not None
+    return {"text": FakeLLM(), "vision": FakeLLM(), "speech": FakeTalker(speech_tokenizer.layout)}
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +70,9 @@ def apps(
 ) -> Iterator[dict[str, TestClient]]:
     multimodal = MultimodalStage.from_args(vision_args)
     services = {
-        "text": Services.create(app_args, LocalTokenizer(tokenizer_stage), engines["text"]),
-        "vision": Services.create(
-            vision_args, LocalTokenizer(vision_tokenizer), engines["vision"], LocalMultimodal(multimodal)
-        ),
-        "speech": Services.create(
-            speech_args, LocalTokenizer(speech_tokenizer), engines["speech"], vocoder=FakeVocoder()
-        ),
+        "text": Services.create(app_args, tokenizer_stage, engines["text"]),
+        "vision": Services.create(vision_args, vision_tokenizer, engines["vision"], multimodal),
+        "speech": Services.create(speech_args, speech_tokenizer, engines["speech"], vocoder=FakeVocoder()),
     }
     # raise_server_exceptions=False: a bug must show as the 500 a client would get, not as a traceback.
     yield {name: TestClient(create_app(s), raise_server_exceptions=False) for name, s in services.items()}

@@ -2,25 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from serve_app.config import AdmissionConfig, AppArgs, TokenizerStageConfig
 from serve_app.ingress.pipeline.inline_tokenizer import InlineTokenizer
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import ChatPrompt, TextPrompt, TokenizedPrompt, TokenizeRequest
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
 
 
-class RecordingStage(LocalTokenizer):
+class RecordingStage:
     """The tokenizer stage as the ingress reaches it, recording what it was sent."""
 
     def __init__(self, stage: TokenizerStage) -> None:
-        super().__init__(stage)
+        self._stage = stage
         self.sent: list[TokenizeRequest] = []
+
+    def __getattr__(self, method: str) -> Any:
+        return getattr(self._stage, method)
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
         self.sent.append(request)
-        return await super().tokenize(request)
+        return await self._stage.tokenize(request)
 
 
 def inline(app_args: AppArgs, stage: RecordingStage, max_chars: int) -> InlineTokenizer:
@@ -41,7 +45,7 @@ async def test_a_short_prompt_never_reaches_the_stage_and_gets_the_stages_ids(
     for prompt in (CHAT, TextPrompt(text="hello world")):
         request = TokenizeRequest(prompt, add_special_tokens=True, max_tokens=5)
         local = await client.tokenize(request)
-        assert local.token_ids == (await LocalTokenizer(tokenizer_stage).tokenize(request)).token_ids
+        assert local.token_ids == (await tokenizer_stage.tokenize(request)).token_ids
     assert stage.sent == []
 
 
@@ -59,7 +63,7 @@ def test_a_prompt_with_images_is_the_stages(app_args: AppArgs, tokenizer_stage: 
 
 
 def test_zero_inlines_nothing(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
-    stage = LocalTokenizer(tokenizer_stage)
+    stage = tokenizer_stage
     args = app_args.model_copy(update={"tokenizer": TokenizerStageConfig(inline_max_chars=0)})
     assert InlineTokenizer.around(args, stage) is stage
 

@@ -26,7 +26,6 @@ from serve_app.errors import (
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
 from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
-from serve_app.stages.local import LocalLLM
 
 
 @dataclass
@@ -325,7 +324,7 @@ async def test_check_health_and_delegation() -> None:
 
 async def test_local_llm_client_wraps_the_stage() -> None:
     engine = FakeEngine([step("a", [1], "length", finished=True)])
-    client = LocalLLM(LLMStage(engine))
+    client = LLMStage(engine)
     assert [c.deltas[0].text async for c in client.generate(request())] == ["a"]
     assert (await client.metrics_text(), await client.check_health()) == ("", None)
     with pytest.raises(BadRequestError, match="n must be 1 when using greedy sampling"):

@@ -19,7 +19,6 @@ from serve_app.config import AppArgs, parse_app_args
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.router import ModelRouter
 from serve_app.ingress.pipeline.services import Services
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
 from tests.unit.test_chat_images import FakeMultimodal, image_message
@@ -68,7 +67,7 @@ def multimodal() -> FakeMultimodal:
 def vision_services(
     vision_args: AppArgs, vision_tokenizer: TokenizerStage, vision_llm: FakeLLM, multimodal: FakeMultimodal
 ) -> Services:
-    return Services.create(vision_args, LocalTokenizer(vision_tokenizer), vision_llm, multimodal)
+    return Services.create(vision_args, vision_tokenizer, vision_llm, multimodal)
 
 
 @pytest.fixture

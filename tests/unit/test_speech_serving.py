@@ -19,7 +19,6 @@ from starlette.requests import ClientDisconnect
 from serve_app.errors import DeadlineExceededError, ServiceUnavailableError
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import AudioChunk, VocodeRequest
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.tts_support import (  # noqa: F401  (the fixtures, registered by their names)
     FRAMES,
@@ -138,7 +137,7 @@ def waiting_services(
     """Speech services where one request may wait for a stream slot."""
     assert speech_args.tts is not None
     args = speech_args.model_copy(update={"tts": speech_args.tts.model_copy(update={"max_waiting_streams": 1})})
-    return Services.create(args, LocalTokenizer(speech_tokenizer), talker, vocoder=vocoder)
+    return Services.create(args, speech_tokenizer, talker, vocoder=vocoder)
 
 
 async def test_a_stream_beyond_max_streams_waits_for_a_slot(waiting_services: Services, vocoder: FakeVocoder) -> None:

@@ -49,7 +49,7 @@ def test_from_args(tokenizer_stage: TokenizerStage, app_args: AppArgs, hf_tokeni
 
 def test_chat_template_gives_hf_ids(tokenizer_stage: TokenizerStage, hf_tokenizer: Any) -> None:
     messages = [SYSTEM, user("Hello there, how are you?")]
-    result = tokenizer_stage.tokenize(chat(messages))
+    result = tokenizer_stage.tokenize_sync(chat(messages))
     rendered = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert rendered == (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
@@ -76,13 +76,13 @@ def test_chat_template_gives_hf_ids(tokenizer_stage: TokenizerStage, hf_tokenize
 def test_template_flags(
     tokenizer_stage: TokenizerStage, hf_tokenizer: Any, messages: Any, flags: Any, rendered: str
 ) -> None:
-    assert hf_tokenizer.decode(tokenizer_stage.tokenize(chat(messages, **flags)).token_ids) == rendered
+    assert hf_tokenizer.decode(tokenizer_stage.tokenize_sync(chat(messages, **flags)).token_ids) == rendered
 
 
 def test_text_parts_are_joined(tokenizer_stage: TokenizerStage) -> None:
     parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "world"}]
-    joined = tokenizer_stage.tokenize(chat([user("Hello\nworld")])).token_ids
-    assert tokenizer_stage.tokenize(chat([user(parts)])).token_ids == joined
+    joined = tokenizer_stage.tokenize_sync(chat([user("Hello\nworld")])).token_ids
+    assert tokenizer_stage.tokenize_sync(chat([user(parts)])).token_ids == joined
 
 
 BAD_PROMPTS = [
@@ -121,7 +121,7 @@ def test_bad_prompts_are_400(
     tokenizer_stage: TokenizerStage, request_: TokenizeRequest, param: str, code: str | None, words: str
 ) -> None:
     with pytest.raises(BadRequestError) as info:
-        tokenizer_stage.tokenize(request_)
+        tokenizer_stage.tokenize_sync(request_)
     assert (info.value.status_code, info.value.param, info.value.code) == (400, param, code)
     assert words in info.value.message
 
@@ -137,7 +137,7 @@ def test_model_without_chat_template_is_400(tiny_model_path: Path) -> None:
     stage = TokenizerStage(factory, 128, 1)
     try:
         with pytest.raises(BadRequestError, match="no chat template"):
-            stage.tokenize(chat([user("Hi")]))
+            stage.tokenize_sync(chat([user("Hi")]))
     finally:
         stage.close()
 
@@ -145,7 +145,7 @@ def test_model_without_chat_template_is_400(tiny_model_path: Path) -> None:
 @pytest.mark.parametrize(("keep", "kept"), [(None, 50), (1, 1), (5, 5), (50, 50), (100, 50), (128, 50)])
 def test_truncation_keeps_the_last_k(tokenizer_stage: TokenizerStage, keep: int | None, kept: int) -> None:
     prompt = list(range(10, 60))
-    result = tokenizer_stage.tokenize(ids(prompt, truncate_prompt_tokens=keep))
+    result = tokenizer_stage.tokenize_sync(ids(prompt, truncate_prompt_tokens=keep))
     assert result.token_ids == prompt[-kept:]
     assert result.max_tokens == 128 - kept
 
@@ -154,12 +154,12 @@ def test_truncation_of_text(tokenizer_stage: TokenizerStage, hf_tokenizer: Any) 
     sentence = "The quick brown fox jumps over the lazy dog. " * 4
     full = hf_tokenizer.encode(sentence)
     assert len(full) > 7
-    assert tokenizer_stage.tokenize(text(sentence, truncate_prompt_tokens=7)).token_ids == full[-7:]
+    assert tokenizer_stage.tokenize_sync(text(sentence, truncate_prompt_tokens=7)).token_ids == full[-7:]
 
 
 def test_truncation_minus_one_means_max_model_len(tokenizer_stage: TokenizerStage) -> None:
     prompt = list(range(1000, 1200))
-    result = tokenizer_stage.tokenize(ids(prompt, truncate_prompt_tokens=-1, check_context=False))
+    result = tokenizer_stage.tokenize_sync(ids(prompt, truncate_prompt_tokens=-1, check_context=False))
     assert result.token_ids == prompt[-128:]
 
 
@@ -167,30 +167,30 @@ def test_truncation_minus_one_means_max_model_len(tokenizer_stage: TokenizerStag
     ("length", "max_tokens", "room"), [(10, None, 118), (10, 1, 1), (10, 118, 118), (127, None, 1)]
 )
 def test_max_tokens(tokenizer_stage: TokenizerStage, length: int, max_tokens: int | None, room: int) -> None:
-    assert tokenizer_stage.tokenize(ids(list(range(length)), max_tokens=max_tokens)).max_tokens == room
+    assert tokenizer_stage.tokenize_sync(ids(list(range(length)), max_tokens=max_tokens)).max_tokens == room
 
 
 def test_check_context_false_skips_length_checks(tokenizer_stage: TokenizerStage) -> None:
     prompt = list(range(300))
-    result = tokenizer_stage.tokenize(ids(prompt, max_tokens=10_000, check_context=False))
+    result = tokenizer_stage.tokenize_sync(ids(prompt, max_tokens=10_000, check_context=False))
     assert (result.token_ids, result.max_tokens) == (prompt, 0)
-    assert tokenizer_stage.tokenize(text("", check_context=False)).token_ids == []
+    assert tokenizer_stage.tokenize_sync(text("", check_context=False)).token_ids == []
 
 
 def test_detokenize(tokenizer_stage: TokenizerStage, hf_tokenizer: Any) -> None:
     sentence = "Hello, world! 123 naïve café"
-    assert tokenizer_stage.detokenize(hf_tokenizer.encode(sentence)) == sentence
+    assert tokenizer_stage.detokenize_sync(hf_tokenizer.encode(sentence)) == sentence
     with pytest.raises(BadRequestError) as info:
-        tokenizer_stage.detokenize([1, 8000])
+        tokenizer_stage.detokenize_sync([1, 8000])
     assert info.value.param == "tokens"
 
 
 async def test_async_variants(tokenizer_stage: TokenizerStage, hf_tokenizer: Any) -> None:
-    result = await tokenizer_stage.tokenize_async(text("Hello world"))
+    result = await tokenizer_stage.tokenize(text("Hello world"))
     assert result.token_ids == hf_tokenizer.encode("Hello world")
-    assert await tokenizer_stage.detokenize_async(result.token_ids) == "Hello world"
+    assert await tokenizer_stage.detokenize(result.token_ids) == "Hello world"
     with pytest.raises(BadRequestError):
-        await tokenizer_stage.tokenize_async(ids([8000]))
+        await tokenizer_stage.tokenize(ids([8000]))
 
 
 # --- concurrency: one tokenizer copy per thread, truncation by slicing -----------------------------
@@ -229,15 +229,15 @@ def workload(hf_tokenizer: Any, chat_ids: Any) -> tuple[list[TokenizeRequest], l
 def test_concurrent_threads_give_exact_results(stage8: TokenizerStage, workload: Any) -> None:
     requests, expected = workload
     with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(stage8.tokenize, requests))
+        results = list(pool.map(stage8.tokenize_sync, requests))
     assert [len(r.token_ids) for r in results] == [len(e) for e in expected]
     assert [r.token_ids for r in results] == expected
     assert [r.max_tokens for r in results] == [4096 - len(e) for e in expected]
 
 
-async def test_concurrent_tokenize_async_gives_exact_results(stage8: TokenizerStage, workload: Any) -> None:
+async def test_concurrent_async_tokenize_gives_exact_results(stage8: TokenizerStage, workload: Any) -> None:
     requests, expected = workload
-    results = await asyncio.gather(*(stage8.tokenize_async(r) for r in requests))
+    results = await asyncio.gather(*(stage8.tokenize(r) for r in requests))
     assert [len(r.token_ids) for r in results] == [len(e) for e in expected]
     assert [r.token_ids for r in results] == expected
 

@@ -37,7 +37,7 @@ def request(content: Any, image_tokens: list[int], **kw: Any) -> TokenizeRequest
 
 def test_each_image_part_becomes_one_placeholder(vision_stage: TokenizerStage, image_token_id: int) -> None:
     content = [{"type": "text", "text": "Compare"}, IMAGE, {"type": "text", "text": "and"}, IMAGE]
-    result = vision_stage.tokenize(request(content, [16, 16]))
+    result = vision_stage.tokenize_sync(request(content, [16, 16]))
     assert result.token_ids.count(image_token_id) == 2
     assert result.num_prompt_tokens == len(result.token_ids) + 2 * 15
     assert result.max_tokens == MAX_MODEL_LEN - result.num_prompt_tokens
@@ -45,33 +45,33 @@ def test_each_image_part_becomes_one_placeholder(vision_stage: TokenizerStage, i
 
 def test_image_url_parts_are_placeholders_too(vision_stage: TokenizerStage, image_token_id: int) -> None:
     content = [{"type": "image_url", "image_url": {"url": "data:..."}}, {"type": "text", "text": "Hi"}]
-    assert vision_stage.tokenize(request(content, [16])).token_ids.count(image_token_id) == 1
+    assert vision_stage.tokenize_sync(request(content, [16])).token_ids.count(image_token_id) == 1
 
 
 def test_string_content_still_works(vision_stage: TokenizerStage, image_token_id: int) -> None:
-    result = vision_stage.tokenize(request("Hello", []))
+    result = vision_stage.tokenize_sync(request("Hello", []))
     assert image_token_id not in result.token_ids
     assert result.num_prompt_tokens == len(result.token_ids)
 
 
 def test_image_tokens_count_against_the_context(vision_stage: TokenizerStage) -> None:
     with pytest.raises(BadRequestError, match="maximum context length") as info:
-        vision_stage.tokenize(request([IMAGE, IMAGE, {"type": "text", "text": "x"}], [30, 30]))
+        vision_stage.tokenize_sync(request([IMAGE, IMAGE, {"type": "text", "text": "x"}], [30, 30]))
     assert info.value.code == "context_length_exceeded"
 
 
 def test_truncation_with_images_is_refused(vision_stage: TokenizerStage) -> None:
     with pytest.raises(BadRequestError, match="truncate_prompt_tokens") as info:
-        vision_stage.tokenize(request([IMAGE], [16], truncate_prompt_tokens=8))
+        vision_stage.tokenize_sync(request([IMAGE], [16], truncate_prompt_tokens=8))
     assert info.value.param == "truncate_prompt_tokens"
 
 
 @pytest.mark.parametrize("kind", ["input_audio", "video_url"])
 def test_other_media_are_refused(vision_stage: TokenizerStage, kind: str) -> None:
     with pytest.raises(BadRequestError, match=kind):
-        vision_stage.tokenize(request([{"type": kind}], []))
+        vision_stage.tokenize_sync(request([{"type": kind}], []))
 
 
 def test_a_text_model_refuses_image_placeholders(tokenizer_stage: TokenizerStage) -> None:
     with pytest.raises(BadRequestError, match="text only"):
-        tokenizer_stage.tokenize(request([IMAGE], [16]))
+        tokenizer_stage.tokenize_sync(request([IMAGE], [16]))

@@ -31,7 +31,7 @@ def stage(decoder: SnacDecoder) -> VocoderStage:
 
 def test_stage_returns_pcm16(stage: VocoderStage, decoder: SnacDecoder) -> None:
     request = VocodeRequest(random_frames(2, seed=6), context=1)
-    chunk = stage.decode(request)
+    chunk = stage.decode_sync(request)
     assert chunk.sample_rate == 24000
     assert chunk.elapsed_s > 0
     assert len(chunk.pcm) == 2 * SAMPLES_PER_FRAME
@@ -55,14 +55,14 @@ def test_stage_returns_pcm16(stage: VocoderStage, decoder: SnacDecoder) -> None:
 )
 def test_bad_requests_are_400(stage: VocoderStage, frames: list[list[int]], context: int, message: str) -> None:
     with pytest.raises(BadRequestError, match=message) as info:
-        stage.decode(VocodeRequest(frames, context))
+        stage.decode_sync(VocodeRequest(frames, context))
     assert info.value.status_code == 400
     assert info.value.param == "frames"
 
 
-async def test_decode_async_matches_decode(stage: VocoderStage) -> None:
+async def test_decode_matches_decode_sync(stage: VocoderStage) -> None:
     request = VocodeRequest(random_frames(2, seed=5), context=1)
-    assert (await stage.decode_async(request)).pcm == stage.decode(request).pcm
+    assert (await stage.decode(request)).pcm == stage.decode_sync(request).pcm
 
 
 def test_from_args_checks_the_codec_against_the_config() -> None:
@@ -81,4 +81,4 @@ def test_from_args_checks_the_codec_against_the_config() -> None:
 
 def test_a_request_past_its_deadline_is_refused(stage: VocoderStage) -> None:
     with pytest.raises(DeadlineExceededError, match="vocoder"):
-        stage.decode(VocodeRequest(random_frames(2, seed=5), 0, deadline=time.time() - 1))
+        stage.decode_sync(VocodeRequest(random_frames(2, seed=5), 0, deadline=time.time() - 1))

@@ -14,7 +14,6 @@ from serve_app.messages import (
     TextPrompt,
     TokenizeRequest,
 )
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import CountingTokenizer, FakeLLM, HeldLLM
 from tests.unit.test_engine_speed import Clock, decode, learning_gate
@@ -85,9 +84,7 @@ async def test_the_request_path_holds_work_until_the_stream_ends(
     # 10 tokens generated take 1 s: a second 6-token request does not fit in 1 s behind the first.
     admission = AdmissionConfig(prefill_tokens_per_s=1e6, decode_tokens_per_s=10, max_wait_s=1.0)
     llm = HeldLLM()
-    services = Services.create(
-        app_args.model_copy(update={"admission": admission}), LocalTokenizer(tokenizer_stage), llm
-    )
+    services = Services.create(app_args.model_copy(update={"admission": admission}), tokenizer_stage, llm)
     tokenize = TokenizeRequest(TextPrompt(text="hello"), add_special_tokens=True)
 
     def spec(budget: int) -> SamplingSpec:
@@ -192,7 +189,7 @@ def test_services_learn_from_the_engines_batch_and_show_the_speed(
 ) -> None:
     rates = {"prefill_tokens_per_s": 1e6, "decode_tokens_per_s": 100, "max_wait_s": 3600}
     learning = Services.create(
-        app_args.model_copy(update={"admission": AdmissionConfig(**rates)}), LocalTokenizer(tokenizer_stage), FakeLLM()
+        app_args.model_copy(update={"admission": AdmissionConfig(**rates)}), tokenizer_stage, FakeLLM()
     )
     assert learning.work is not None and learning.work.meter is not None
     assert learning.work.meter.busy_live == app_args.engine.max_num_seqs // 4
@@ -200,10 +197,10 @@ def test_services_learn_from_the_engines_batch_and_show_the_speed(
     assert b"serve_graph_admission_speed 0.4" in learning.metrics.render()
     fixed = Services.create(
         app_args.model_copy(update={"admission": AdmissionConfig(**rates, learn_speed=False)}),
-        LocalTokenizer(tokenizer_stage),
+        tokenizer_stage,
         FakeLLM(),
     )
     assert fixed.work is not None and fixed.work.meter is None
     assert b"serve_graph_admission_speed 1.0" in fixed.metrics.render()
-    by_count = Services.create(app_args, LocalTokenizer(tokenizer_stage), FakeLLM())
+    by_count = Services.create(app_args, tokenizer_stage, FakeLLM())
     assert b"admission_speed" not in by_count.metrics.render()

@@ -30,7 +30,6 @@ from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import AudioChunk, ChoiceDelta, GenerateRequest, GenerationChunk, VocodeRequest
 from serve_app.models.tiny_orpheus import ensure_tiny_orpheus_model
-from serve_app.stages.local import LocalTokenizer
 from serve_app.stages.tokenizer import TokenizerStage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -154,7 +153,7 @@ def speech_app_client(
     """The speech app of `args`, with the `tts` config fields replaced."""
     assert args.tts is not None
     args = args.model_copy(update={"tts": args.tts.model_copy(update=tts)})
-    return TestClient(create_app(Services.create(args, LocalTokenizer(tokenizer), talker, vocoder=vocoder)))
+    return TestClient(create_app(Services.create(args, tokenizer, talker, vocoder=vocoder)))
 
 
 @pytest.fixture(scope="module", name="speech_args")
@@ -172,8 +171,8 @@ def speech_tokenizer_fixture(speech_args: AppArgs) -> Iterator[TokenizerStage]:
 
 @pytest.fixture(name="talker")
 def talker_fixture(speech_tokenizer: TokenizerStage) -> FakeTalker:
-    assert speech_tokenizer.speech_layout is not None
-    return FakeTalker(speech_tokenizer.speech_layout)
+    assert speech_tokenizer.layout is not None
+    return FakeTalker(speech_tokenizer.layout)
 
 
 @pytest.fixture(name="vocoder")
@@ -185,7 +184,7 @@ def vocoder_fixture() -> FakeVocoder:
 def speech_services_fixture(
     speech_args: AppArgs, speech_tokenizer: TokenizerStage, talker: FakeTalker, vocoder: FakeVocoder
 ) -> Services:
-    return Services.create(speech_args, LocalTokenizer(speech_tokenizer), talker, vocoder=vocoder)
+    return Services.create(speech_args, speech_tokenizer, talker, vocoder=vocoder)
 
 
 @pytest.fixture(name="speech_client")

@@ -1,9 +1,10 @@
 """How the ingress reaches the stages: what it needs of each, whatever the transport.
 
-`deployments/handles.py` implements these over Ray Serve handles; `serve_app/stages/local.py` calls
-the stage objects in-process, for unit tests and for the single-process baseline that the benchmarks
-compare the graph against. Nothing here imports a stage, so the ingress replica loads none of their
-libraries.
+The stage classes (`serve_app/stages/`) implement them, and are called in-process (unit tests, the
+single-process baseline that the benchmarks compare the graph against); each deployment is its stage's
+class. `deployments/handles.py` implements them over Ray Serve handles, calling the deployment's method
+of the same name. So a new unary stage method is written in the stage and declared here, and nothing
+else changes. Nothing here imports a stage, so the ingress replica loads none of their libraries.
 """
 
 from __future__ import annotations

@@ -69,14 +69,14 @@ class InlineTokenizer:
 
     async def tokenize(self, request: TokenizeRequest) -> TokenizedPrompt:
         if self.inlines(request):
-            return self._local.tokenize(request)
+            return self._local.tokenize_sync(request)
         return await self._stage.tokenize(request)
 
-    async def detokenize(self, token_ids: list[int]) -> str:
-        return await self._stage.detokenize(token_ids)
-
     async def speech_layout(self) -> OrpheusLayout | None:
-        return self._local.speech_layout
+        return self._local.layout
 
-    async def check_health(self) -> None:
-        await self._stage.check_health()
+    def __getattr__(self, method: str) -> Any:
+        # Every other client method is the stage's.
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return getattr(self._stage, method)
