@@ -17,6 +17,9 @@ export RAY_AUTH_MODE := token
 # configs/ray.env, one place for every way a cluster gets started.
 include configs/ray.env
 export $(shell sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p' configs/ray.env)
+# Serve's HAProxy runs through this script, which adds the ingress's admission gate to its config
+# (serve_app/ingress/gate/haproxy.py). Serve needs an absolute path.
+export RAY_SERVE_HAPROXY_BINARY_PATH := $(CURDIR)/$(BIN)/serve-graph-haproxy
 # `make serve`'s cluster, by its GCS port, for every target that joins it. Ray's `auto` would join the
 # newest cluster on the machine instead: a test session's, while `make test` runs beside `make serve`.
 # Not exported: under RAY_ADDRESS every `ray.init()` without an address and every `serve` command of

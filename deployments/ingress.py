@@ -7,8 +7,10 @@ replica's event loop stays free to answer `/health` under load.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import ray
 from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -17,6 +19,7 @@ from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer, Ha
 from serve_app.config import AppArgs
 from serve_app.graph_args import GraphArgs
 from serve_app.ingress.app import create_app
+from serve_app.ingress.gate.publisher import admin_socket, publish_forever
 from serve_app.ingress.pipeline.inline_tokenizer import InlineTokenizer
 from serve_app.ingress.pipeline.router import ModelRouter
 from serve_app.ingress.pipeline.services import Services
@@ -32,6 +35,9 @@ class Ingress:
     def __init__(self, args: GraphArgs, stages: dict[str, StageHandles]) -> None:
         models = [self._services(model, stages[model.model.name]) for model in args.models]
         self._router = ModelRouter(models, args.auth)
+        # The rates of the admission gate in its node's HAProxy (serve_app/ingress/gate/), on this loop.
+        socket = admin_socket(ray.get_runtime_context().get_node_id())
+        self._gate = asyncio.get_running_loop().create_task(publish_forever(socket, models))
 
     @staticmethod
     def _services(args: AppArgs, handles: StageHandles) -> Services:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,8 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
 
     for name, value in ray_env().items():  # as the Makefile sets them for `ray start`, unless set already
         os.environ.setdefault(name, value)
+    # HAProxy with the ingress's admission gate, as the Makefile has it.
+    os.environ.setdefault("RAY_SERVE_HAPROXY_BINARY_PATH", str(Path(sys.executable).with_name("serve-graph-haproxy")))
     for name in FIXED_SERVE_PORTS:  # the ports of the cluster that started us (the tests' session) are taken
         os.environ.pop(name, None)
     use_free_serve_ports(os.environ)

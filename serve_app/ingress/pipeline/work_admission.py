@@ -117,6 +117,11 @@ class WorkGate:
         if chars > 0:
             self.tokens_per_char += 0.2 * (tokens / chars - self.tokens_per_char)
 
+    def gate_rates(self) -> tuple[float, float, float]:
+        """Engine seconds per prompt character and per generated token at the learned speed, and the longest
+        wait: what the HAProxy gate weighs a request by before it reaches the ingress (`ingress/gate/`)."""
+        return self.tokens_per_char * self.prefill_s / self.speed, self._decode_s / self.speed, self._max_wait_s
+
     @property
     def speed(self) -> float:
         return 1.0 if self.meter is None else self.meter.speed

