@@ -20,7 +20,7 @@ import functools
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
-from typing import Any
+from typing import Any, ClassVar
 
 from grpc import StatusCode
 from grpc.aio import AioRpcError
@@ -36,6 +36,7 @@ from serve_app.errors import (
     StageUnavailableError,
     find_openai_error,
 )
+from serve_app.ingress.pipeline.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
 from serve_app.messages import GenerateRequest, GenerationChunk
 
 
@@ -97,11 +98,13 @@ class Progress:
 class _UnaryHandle:
     """A stage called one request, one response; a full stage becomes a 503 with Retry-After.
 
-    Each method of the stage's client Protocol (`clients.py`) is a call to the deployment's method of the
-    same name (`__getattr__`): a method added to the Protocol and the stage needs nothing here.
+    Each method of the stage's client Protocol (`client`, from `clients.py`) is a call to the deployment's
+    method of the same name (`__getattr__`): a method added to the Protocol and the stage needs nothing
+    here. Other names are not forwarded, so a typo fails here, not in the replica.
     """
 
     stage = ""
+    client: ClassVar[type] = object
 
     def __init__(self, handle: DeploymentHandle[Any], on_lost: OnStageLost | None = None) -> None:
         self._handle = handle
@@ -109,8 +112,8 @@ class _UnaryHandle:
         self.progress = Progress()
 
     def __getattr__(self, method: str) -> Callable[..., Coroutine[Any, Any, Any]]:
-        if method.startswith("_"):
-            raise AttributeError(method)
+        if method.startswith("_") or not callable(getattr(self.client, method, None)):
+            raise AttributeError(f"{type(self).__name__} has no {method!r}: not a method of {self.client.__name__}")
         return functools.partial(self._call, method)
 
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -144,19 +147,19 @@ class _UnaryHandle:
 
 
 class HandleTokenizer(_UnaryHandle):
-    stage = "tokenizer"
+    stage, client = "tokenizer", TokenizerClient
 
 
 class HandleMultimodal(_UnaryHandle):
-    stage = "multimodal"
+    stage, client = "multimodal", MultimodalClient
 
 
 class HandleVocoder(_UnaryHandle):
-    stage = "vocoder"
+    stage, client = "vocoder", VocoderClient
 
 
 class _UnaryLLM(_UnaryHandle):
-    stage = "llm"
+    stage, client = "llm", LLMClient
 
 
 class HandleLLM:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from deployments.llm import LLM
 from deployments.multimodal import Multimodal
 from deployments.tokenizer import Tokenizer
 from deployments.vocoder import Vocoder
@@ -48,6 +49,10 @@ def test_each_stage_class_is_its_client(client: type) -> None:
             assert inspect.signature(method) == inspect.signature(getattr(stage, name)), name
 
 
-@pytest.mark.parametrize("deployment", [Tokenizer, Multimodal, Vocoder], ids=lambda d: d.name)
-def test_each_unary_deployment_is_its_stage_class(deployment: Any) -> None:
-    assert issubclass(deployment.func_or_class, tuple(CLIENTS.values()))
+@pytest.mark.parametrize(
+    ("deployment", "stage"),
+    [(Tokenizer, TokenizerStage), (Multimodal, MultimodalStage), (Vocoder, VocoderStage), (LLM, LLMStage)],
+    ids=lambda d: getattr(d, "name", ""),
+)
+def test_each_deployment_is_its_stage_class(deployment: Any, stage: type) -> None:
+    assert issubclass(deployment.func_or_class, stage)

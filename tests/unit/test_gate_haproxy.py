@@ -9,14 +9,15 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from load.ports import free_port
 from serve_app.config import AppArgs
-from serve_app.ingress.gate.haproxy import real_binary, refusal_body, with_gate
-from serve_app.ingress.gate.publisher import RefusalCounts, publish
+from serve_app.ingress.gate.haproxy import MARK, add_gate, real_binary, refusal_body, with_gate
+from serve_app.ingress.gate.publisher import RefusalCounts, entries, publish
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.test_gate_publisher import gated
 
@@ -39,8 +40,36 @@ backend ingress
 """
 
 
-def test_without_servess_frontend_the_config_is_left_as_it_is() -> None:
-    assert with_gate("global\n    stats socket /x/admin.sock\nfrontend other\n    bind :1\n") is None
+def serve_rendered(directory: Path) -> Path:
+    """Serve 2.60's own template, rendered as its HAProxy manager does for one application."""
+    from ray.serve._private.haproxy import BackendConfig, HAProxyApi, HAProxyConfig, ServerConfig
+    from ray.serve.config import HTTPOptions
+
+    config = HAProxyConfig(http_options=HTTPOptions(host="127.0.0.1", port=free_port()), metrics_enabled=True,
+                           socket_path=str(directory / "admin.sock"),
+                           metrics_socket_path=str(directory / "m.sock"))  # fmt: skip
+    backend = BackendConfig(app_name="openai", name="http-openai", path_prefix="/",
+                            servers=[ServerConfig(name="r1", host="127.0.0.1", port=free_port())])  # fmt: skip
+    api = HAProxyApi(cfg=config, backend_configs={"openai": backend}, config_file_path=str(directory / "haproxy.cfg"))
+    api._generate_config_file_internal()
+    return directory / "haproxy.cfg"
+
+
+def test_the_gate_goes_into_serves_own_config_after_its_rules_and_haproxy_takes_it(tmp_path: Path) -> None:
+    path = serve_rendered(tmp_path)
+    add_gate(path)
+    config = path.read_text()
+    # After Serve's own rules (its metrics' variables), before its routing.
+    assert config.index("set-var-fmt(txn.serve_app)") < config.index(MARK) < config.index("use_backend http-openai")
+    check = subprocess.run([real_binary(), "-c", "-f", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    add_gate(path)  # Serve's next start or reload of the same file: gated once
+    assert path.read_text() == config
+
+
+def test_without_serves_frontend_the_config_is_left_as_it_is() -> None:
+    other = "global\n    stats socket /x/admin.sock\nfrontend other\n    bind :1\n    default_backend b\n"
+    assert with_gate(other) is None
 
 
 def test_the_binary_run_is_the_bundled_one_not_this_script(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,10 +119,12 @@ async def gate(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
         server.close()
 
 
-async def burst(url: str, model: str, max_tokens: int, n: int) -> Counter[tuple[int, str | None]]:
+async def burst(
+    url: str, model: str, max_tokens: int, count: int, path: str = "/v1/completions", **fields: Any
+) -> Counter[tuple[int, str | None]]:
     async with httpx.AsyncClient(timeout=30) as client:
-        body = {"model": model, "prompt": "hi", "max_tokens": max_tokens}
-        responses = await asyncio.gather(*(client.post(f"{url}/v1/completions", json=body) for _ in range(n)))
+        body = {"model": model, "prompt": "hi", "max_tokens": max_tokens, **fields}
+        responses = await asyncio.gather(*(client.post(f"{url}{path}", json=body) for _ in range(count)))
     for response in responses:
         if response.status_code != 200:
             assert response.json()["error"]["code"] == "overloaded"
@@ -108,8 +139,15 @@ async def test_the_gate_refuses_what_the_engine_cannot_clear_and_passes_the_rest
     name = app_args.model.name
     assert await burst(url, name, 100, 12) == {(200, None): 12}  # nothing published yet: nothing gated
     # 100 tokens take 1 s at RATES: 4 fit in its 4.5 s, so 4 of each model's requests of that size at once.
-    await publish(socket, [gated(app_args, tokenizer_stage)])
+    await publish(socket, entries([gated(app_args, tokenizer_stage)]))
     assert await burst(url, name, 100, 12) == {(200, None): 4, (429, "7"): 8}
-    assert RefusalCounts().new(await publish(socket, [])) == {name: 8}  # what the ingress counts
+    assert RefusalCounts().new(await publish(socket, {})) == {name: 8}  # what the ingress counts
     assert await burst(url, name, 1, 60) == {(200, None): 60}  # one-token requests: 256 fit
     assert await burst(url, "another-model", 100, 12) == {(200, None): 12}
+    # Chat's max_completion_tokens wins over max_tokens, as in the ingress; `n` multiplies.
+    chat = "/v1/chat/completions"
+    assert await burst(url, name, 1, 12, chat, max_completion_tokens=100) == {(200, None): 4, (429, "7"): 8}
+    assert await burst(url, name, 25, 12, n=4) == {(200, None): 4, (429, "7"): 8}
+    # Outside [0, the model's cap] is the ingress's 400 to give, not a refusal to retry: not weighed here.
+    assert await burst(url, name, 10**9, 12) == {(200, None): 12}
+    assert await burst(url, name, -1, 12) == {(200, None): 12}

@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from serve_app.config import AdmissionConfig, AppArgs
-from serve_app.ingress.gate.publisher import RefusalCounts, admin_socket, commands, map_values
+from serve_app.ingress.gate.publisher import (
+    Publisher,
+    RefusalCounts,
+    admin_socket,
+    commands,
+    entries,
+    map_values,
+    write_maps,
+)
 from serve_app.ingress.pipeline.services import Services
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
@@ -32,17 +40,18 @@ def test_the_values_are_the_work_gates_rates_in_nanoseconds(app_args: AppArgs, t
     assert services.work is not None
     per_char = services.work.tokens_per_char / 1000
     assert map_values(services) == {"wait_ns": 4_500_000_000, "char_ns": int(per_char * 1e9),
-                                    "token_ns": 10_000_000, "status": 429, "retry_after": 7}  # fmt: skip
+                                    "token_ns": 10_000_000, "max_tokens": app_args.model.max_model_len,
+                                    "status": 429, "retry_after": 7}  # fmt: skip
 
 
 def test_a_model_admitted_by_count_is_not_gated(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
     by_count = gated(app_args, tokenizer_stage, AdmissionConfig())
     assert map_values(by_count) is None
-    assert commands(Path("/g"), [by_count]) == "show table serve_graph_in_flight\n"
+    assert commands(Path("/g"), entries([by_count])) == "show table serve_graph_in_flight\n"
 
 
 def test_each_entry_is_replaced(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
-    line = commands(Path("/g"), [gated(app_args, tokenizer_stage)])
+    line = commands(Path("/g"), entries([gated(app_args, tokenizer_stage)]))
     name = app_args.model.name
     assert line.startswith(f"del map /g/wait_ns.map {name}; add map /g/wait_ns.map {name} 4500000000; ")
     assert line.endswith(f"add map /g/retry_after.map {name} 7; show table serve_graph_in_flight\n")
@@ -56,3 +65,24 @@ def test_refusals_are_counted_per_model_across_haproxy_reloads() -> None:
     assert counts.new(table + line.format("a/32", 9) + line.format("a/1", 1)) == {"a": 4}
     assert counts.new(table + line.format("a/32", 2)) == {"a": 2}  # reloaded: counting from zero again
     assert counts.new(table) == {}
+
+
+def test_the_map_files_hold_the_last_rates_for_a_reload(
+    tmp_path: Path, app_args: AppArgs, tokenizer_stage: TokenizerStage
+) -> None:
+    for name in ("wait_ns", "char_ns", "token_ns", "max_tokens", "status", "retry_after"):
+        (tmp_path / f"{name}.map").touch()
+    write_maps(tmp_path, entries([gated(app_args, tokenizer_stage)]))
+    assert (tmp_path / "wait_ns.map").read_text() == f"{app_args.model.name} 4500000000\n"
+
+
+async def test_one_ingress_replica_of_a_node_publishes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    first, second = Publisher(tmp_path / "admin.sock", []), Publisher(tmp_path / "admin.sock", [])
+    await first.step()
+    assert "no HAProxy admission gate" in caplog.text  # no map files: not gated
+    (tmp_path / "wait_ns.map").touch()
+    await first.step()  # holds the node's lock; HAProxy is not there to answer
+    assert "does not answer" in caplog.text
+    await second.step()
+    assert "another ingress replica publishes" in caplog.text

