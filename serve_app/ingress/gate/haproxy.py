@@ -144,9 +144,10 @@ def real_binary() -> str:
 
 def add_gate(path: Path) -> None:
     """Rewrites Serve's config at `path` with the gate (atomically: HAProxy may be reading it)."""
-    gated = with_gate(path.read_text())
+    config = path.read_text()
+    gated = with_gate(config)
     if gated is None:
-        if MARK not in path.read_text():
+        if MARK not in config:
             print(f"serve-graph-haproxy: no http_frontend or stats socket in {path}: no gate", file=sys.stderr)
         return
     partial = path.with_name(path.name + ".gating")
