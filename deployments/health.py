@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any, cast
 
+import ray
 from ray import serve
 from ray.serve import Application, Deployment
 
 from serve_app.graph_health import GraphHealthApp, GraphHealthArgs, Report
+from serve_app.ingress.gate.publisher import admin_socket, publish_health
 from serve_app.strict_args import parse_args
 
 
@@ -30,7 +32,10 @@ class Health:
 
             return report
 
-        self._app = GraphHealthApp(args, {app: report_of(app) for app in args.applications})
+        # The stamp that lets this node's HAProxy answer a green /health (serve_app/ingress/gate/).
+        socket = admin_socket(ray.get_runtime_context().get_node_id())
+        reports = {app: report_of(app) for app in args.applications}
+        self._app = GraphHealthApp(args, reports, lambda until_ms: publish_health(socket, until_ms))
 
     def __serve_build_asgi_app__(self) -> GraphHealthApp:
         return self._app

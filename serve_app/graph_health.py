@@ -6,11 +6,17 @@ runs in a replica of its own (`deployments/health.py`, `route_prefix: /health`),
 for nothing but itself. It polls each application's ingress in the background: the ingress answers
 with its own stages' last check, so a dead or hung stage shows here within two poll intervals, and a
 hung or dead ingress (the call times out or fails) within one poll interval plus the timeout.
+
+After each poll it stamps the result into its node's HAProxy (`stamp`, `ingress/gate/`): while the stamp
+is green and fresh (two poll intervals), HAProxy answers `GET /health` itself and the request never
+waits for a Python event loop; red, stale, or asked with a query string, it reaches this app.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from pydantic import Field, model_validator
@@ -45,6 +51,8 @@ class GraphHealthArgs(Strict):
     )
 
 
+logger = logging.getLogger(__name__)
+
 # What an application's ingress reports: (all stages ok, {stage: "ok" or what failed}).
 Report = tuple[bool, dict[str, str]]
 
@@ -76,11 +84,35 @@ class GraphHealthApp:
     """A plain ASGI app answering every GET with the last report: under `route_prefix: /health` the
     path it sees is empty, which a router would redirect to `/health/` (307) rather than answer."""
 
-    def __init__(self, args: GraphHealthArgs, reports: Mapping[str, Callable[[], Awaitable[Report]]]) -> None:
+    def __init__(
+        self,
+        args: GraphHealthArgs,
+        reports: Mapping[str, Callable[[], Awaitable[Report]]],
+        stamp: Callable[[int], Awaitable[None]] | None = None,
+    ) -> None:
         # Each application's stages as its ingress last reported them ({} before its first answer).
         self.stages: dict[str, dict[str, str]] = {app: {} for app in reports}
         checks = {app: ingress_check(report, self.stages[app]) for app, report in reports.items()}
-        self.monitor = HealthMonitor(checks, args.poll_interval_s, args.timeout_s)
+        self.monitor = HealthMonitor(checks, args.poll_interval_s, args.timeout_s, self._stamp if stamp else None)
+        self._sink = stamp  # takes the Unix time in ms until which the graph is green, 0 when it is not
+        self._green_for_ms = int(2000 * args.poll_interval_s)
+        self._stamp_timeout_s = args.timeout_s  # a hung HAProxy must not stop the polls
+        self._stamp_failing = False  # each change logged once
+
+    async def _stamp(self) -> None:
+        assert self._sink is not None
+        ok, _ = self.monitor.report()
+        try:
+            until_ms = int(time.time() * 1000) + self._green_for_ms if ok else 0
+            await asyncio.wait_for(self._sink(until_ms), self._stamp_timeout_s)
+        except Exception as exc:  # HAProxy reloading or absent: Python answers /health meanwhile
+            if not self._stamp_failing:
+                logger.warning("the health stamp failed (this app answers /health until it works): %r", exc)
+            self._stamp_failing = True
+            return
+        if self._stamp_failing:
+            logger.info("the health stamp works again")
+        self._stamp_failing = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":

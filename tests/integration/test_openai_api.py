@@ -128,3 +128,9 @@ def test_metrics(graph: str, client: Any) -> None:
     assert 'serve_graph_requests_total{endpoint="/v1/completions",status="200"}' in text
     assert 'serve_graph_stage_seconds_count{model="tiny-chat",stage="tokenizer"}' in text
     assert "vllm:" in text
+
+
+def test_a_green_health_is_haproxys_answer_and_a_verbose_one_the_health_apps(graph: str) -> None:
+    assert httpx.get(f"{graph}/health", timeout=5).json() == {"status": "ok"}  # from the health app's stamp
+    verbose = httpx.get(f"{graph}/health?verbose", timeout=5).json()
+    assert verbose["status"] == "ok" and verbose["applications"][APP]["status"] == "ok"

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,9 +18,9 @@ import pytest
 from load.ports import free_port
 from serve_app.config import AppArgs
 from serve_app.ingress.gate.haproxy import MARK, add_gate, real_binary, refusal_body, with_gate
-from serve_app.ingress.gate.publisher import RefusalCounts, entries, publish
+from serve_app.ingress.gate.publisher import RefusalCounts, admin, entries, publish, publish_health
 from serve_app.stages.tokenizer import TokenizerStage
-from tests.unit.test_gate_publisher import gated
+from tests.unit.test_gate_publisher import RATES, gated
 
 # Serve 2.60's rendered config, cut to what the gate relies on: the admin socket and `http_frontend`.
 SERVE_CONFIG = """global
@@ -151,3 +152,33 @@ async def test_the_gate_refuses_what_the_engine_cannot_clear_and_passes_the_rest
     # Outside [0, the model's cap] is the ingress's 400 to give, not a refusal to retry: not weighed here.
     assert await burst(url, name, 10**9, 12) == {(200, None): 12}
     assert await burst(url, name, -1, 12) == {(200, None): 12}
+
+
+async def test_haproxy_answers_a_green_health_probe_itself_until_the_stamp_expires(gate: tuple[str, Path]) -> None:
+    url, socket = gate
+    async with httpx.AsyncClient(timeout=30) as client:
+
+        async def probe(query: str = "") -> tuple[int, Any, float]:
+            response = await client.get(f"{url}/health{query}")
+            return response.status_code, response.json(), response.elapsed.total_seconds()
+
+        assert (await probe())[1] == {}  # never stamped: the health app (the replica) answers
+        await publish_health(socket, int(time.time() * 1000) + 1500)
+        status, body, elapsed = await probe()
+        assert (status, body) == (200, {"status": "ok"}) and elapsed < 0.5  # HAProxy, not the replica
+        assert (await probe("?verbose"))[1] == {}  # each stage's detail: the health app's answer
+        await asyncio.sleep(1.6)
+        assert (await probe())[1] == {}  # stale: the health app answers
+        await publish_health(socket, int(time.time() * 1000) + 60_000)
+        await publish_health(socket, 0)  # red
+        assert (await probe())[1] == {}
+
+
+async def test_publishing_again_replaces_each_models_entries(
+    gate: tuple[str, Path], app_args: AppArgs, tokenizer_stage: TokenizerStage
+) -> None:
+    _, socket = gate
+    for admission in (RATES, RATES.model_copy(update={"max_wait_s": 9.0})):
+        await publish(socket, entries([gated(app_args, tokenizer_stage, admission)]))
+    shown = await admin(socket, f"show map {socket.parent / 'wait_ns.map'}\n")
+    assert [line.split()[1:] for line in shown.strip().splitlines()] == [[app_args.model.name, "9000000000"]]

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.config import AdmissionConfig, AppArgs
+from serve_app.ingress.gate.haproxy import MAPS
 from serve_app.ingress.gate.publisher import (
     Publisher,
     RefusalCounts,
@@ -14,6 +15,7 @@ from serve_app.ingress.gate.publisher import (
     commands,
     entries,
     map_values,
+    prepare,
     write_maps,
 )
 from serve_app.ingress.pipeline.services import Services
@@ -47,14 +49,20 @@ def test_the_values_are_the_work_gates_rates_in_nanoseconds(app_args: AppArgs, t
 def test_a_model_admitted_by_count_is_not_gated(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
     by_count = gated(app_args, tokenizer_stage, AdmissionConfig())
     assert map_values(by_count) is None
-    assert commands(Path("/g"), entries([by_count])) == "show table serve_graph_in_flight\n"
+    assert commands(Path("/g"), {}, {}) == "show table serve_graph_in_flight\n"
+    assert entries([by_count]) == {name: {} for name in MAPS}
 
 
-def test_each_entry_is_replaced(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
-    line = commands(Path("/g"), entries([gated(app_args, tokenizer_stage)]))
+def test_each_map_is_filled_in_a_new_version_and_committed_whole(
+    app_args: AppArgs, tokenizer_stage: TokenizerStage
+) -> None:
+    by_map = entries([gated(app_args, tokenizer_stage)])
+    assert prepare(Path("/g"), by_map).startswith("prepare map /g/wait_ns.map; prepare map /g/char_ns.map; ")
+    line = commands(Path("/g"), by_map, {name: str(i) for i, name in enumerate(by_map)})
     name = app_args.model.name
-    assert line.startswith(f"del map /g/wait_ns.map {name}; add map /g/wait_ns.map {name} 4500000000; ")
-    assert line.endswith(f"add map /g/retry_after.map {name} 7; show table serve_graph_in_flight\n")
+    assert line.startswith(f"add map @0 /g/wait_ns.map {name} 4500000000; commit map @0 /g/wait_ns.map; ")
+    assert line.endswith(f"add map @5 /g/retry_after.map {name} 7; commit map @5 /g/retry_after.map; "
+                         "show table serve_graph_in_flight\n")  # fmt: skip
 
 
 def test_refusals_are_counted_per_model_across_haproxy_reloads() -> None:
@@ -70,8 +78,6 @@ def test_refusals_are_counted_per_model_across_haproxy_reloads() -> None:
 def test_the_map_files_hold_the_last_rates_for_a_reload(
     tmp_path: Path, app_args: AppArgs, tokenizer_stage: TokenizerStage
 ) -> None:
-    for name in ("wait_ns", "char_ns", "token_ns", "max_tokens", "status", "retry_after"):
-        (tmp_path / f"{name}.map").touch()
     write_maps(tmp_path, entries([gated(app_args, tokenizer_stage)]))
     assert (tmp_path / "wait_ns.map").read_text() == f"{app_args.model.name} 4500000000\n"
 
@@ -86,3 +92,15 @@ async def test_one_ingress_replica_of_a_node_publishes(tmp_path: Path, caplog: p
     assert "does not answer" in caplog.text
     await second.step()
     assert "another ingress replica publishes" in caplog.text
+
+
+async def test_the_map_files_are_rewritten_only_when_the_rates_change(
+    tmp_path: Path, app_args: AppArgs, tokenizer_stage: TokenizerStage
+) -> None:
+    (tmp_path / "wait_ns.map").touch()
+    publisher = Publisher(tmp_path / "admin.sock", [gated(app_args, tokenizer_stage)])
+    await publisher.step()  # HAProxy does not answer; the files are written all the same
+    written = (tmp_path / "wait_ns.map").stat().st_mtime_ns
+    assert (tmp_path / "wait_ns.map").read_text() == f"{app_args.model.name} 4500000000\n"
+    await publisher.step()
+    assert (tmp_path / "wait_ns.map").stat().st_mtime_ns == written

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import httpx
+import pytest
 
 from serve_app.graph_health import GraphHealthApp, GraphHealthArgs, Report
 
@@ -30,9 +32,13 @@ def reporting(*reports: Report | BaseException | None) -> Callable[[], Awaitable
 OK: Report = (True, {"tokenizer": "ok", "llm": "ok"})
 
 
-async def get_health(reports: dict[str, Callable[[], Awaitable[Report]]], polls: int = 1) -> httpx.Response:
+async def get_health(
+    reports: dict[str, Callable[[], Awaitable[Report]]],
+    polls: int = 1,
+    stamp: Callable[[int], Awaitable[None]] | None = None,
+) -> httpx.Response:
     args = GraphHealthArgs(applications=list(reports), poll_interval_s=0.01, timeout_s=0.05)
-    app = GraphHealthApp(args, reports)
+    app = GraphHealthApp(args, reports, stamp)
     app.monitor.start()
     try:
         await asyncio.sleep(0.1 * polls)
@@ -102,3 +108,26 @@ async def test_the_asgi_lifespan_starts_and_stops_the_polls() -> None:
     await asyncio.sleep(0.05)
     assert calls == polled
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+
+
+async def test_each_poll_stamps_green_for_two_poll_intervals_and_red_as_zero() -> None:
+    stamps: list[int] = []
+
+    async def stamp(until_ms: int) -> None:
+        stamps.append(until_ms)
+
+    before_ms = int(time.time() * 1000)
+    await get_health({"llm-app": reporting(OK)}, stamp=stamp)
+    assert stamps and all(before_ms + 20 <= until <= time.time() * 1000 + 20 for until in stamps)
+    stamps.clear()
+    await get_health({"llm-app": reporting((False, {"llm": "EngineDeadError: gone"}))}, stamp=stamp)
+    assert stamps and set(stamps) == {0}
+
+
+async def test_a_failing_stamp_is_logged_once_and_this_app_still_answers(caplog: pytest.LogCaptureFixture) -> None:
+    async def stamp(until_ms: int) -> None:
+        raise ConnectionRefusedError("no HAProxy")
+
+    response = await get_health({"llm-app": reporting(OK)}, polls=3, stamp=stamp)
+    assert response.status_code == 200
+    assert caplog.text.count("the health stamp failed") == 1

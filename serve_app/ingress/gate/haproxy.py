@@ -11,7 +11,8 @@ when more requests of its model and slot are in flight than the slot. The ingres
 (the learned ones) into HAProxy's maps every second (`publisher.py`). What the gate does not weigh
 passes through untouched, to the ingress's exact admission: a model admitted by count, a request without
 `max_tokens` (or `max_completion_tokens`) or with one outside [0, the model's cap], a body larger than
-HAProxy's buffer (`tune.bufsize`, 16 KB: the fields after it are not seen), and any other route. `n`
+HAProxy's buffer (`tune.bufsize`, 16 KB: the fields after it are not seen), and any other route but
+`GET /health`, answered here while the graph's health app's last stamp is green (`health_rules`). `n`
 multiplies a request's generated tokens, as in the ingress. Body bytes stand for prompt characters,
 so images as base64 and escaped text weigh more here than there.
 
@@ -36,6 +37,10 @@ from serve_app.errors import OverloadedError, error_response
 
 # The maps the rules read, by model name; `publisher.py` fills them.
 MAPS = ("wait_ns", "char_ns", "token_ns", "max_tokens", "status", "retry_after")
+# The graph's health stamp: key `until`, the Unix time in ms up to which `/health` is green
+# (`serve_app/graph_health.py` writes it after each poll through `publisher.publish_health`).
+HEALTH_MAP = "health"
+HEALTH_PATH = "/health"
 MARK = "# serve-graph admission gate"
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 SLOTS = [2**k for k in range(10, 0, -1)]  # 1024 ... 2, then 1
@@ -62,6 +67,21 @@ def refusal_body(status: int) -> bytes:
     return bytes(error_response(error, AdmissionConfig(status_code=status)).body)  # type: ignore[arg-type]
 
 
+def health_rules(gate_dir: Path) -> list[str]:
+    """`GET /health` answered here while the graph's health app last found every stage green, so no
+    request-path work delays it; stale, red or with a query string (`?verbose`: each stage), it goes on
+    to the health app, as without the gate."""
+    probe = "sg_health METH_GET !{ query -m found }"
+    return [
+        f"acl sg_health path {HEALTH_PATH}",
+        f"http-request set-var(txn.sg_now) date(0,ms) if {probe}",
+        f"http-request set-var(txn.sg_green_ms) str(until),map_str_int({gate_dir / HEALTH_MAP}.map,0),"
+        f"sub(txn.sg_now) if {probe}",
+        f'http-request return status 200 content-type application/json string \'{{"status":"ok"}}\' '
+        f"if {probe} {{ var(txn.sg_green_ms) -m int gt 0 }}",
+    ]
+
+
 def rules(gate_dir: Path) -> str:
     """The frontend's rules (`txn.sg_*` variables), reading the maps in `gate_dir`."""
 
@@ -72,6 +92,7 @@ def rules(gate_dir: Path) -> str:
     sized = f"if {has_max}"
     lines = [
         f"{MARK} (serve_app/ingress/gate/haproxy.py)",
+        *health_rules(gate_dir),
         f"acl sg_gen path {' '.join(GENERATION_PATHS)}",
         "http-request wait-for-body time 1s if sg_gen METH_POST",
         "http-request set-var(txn.sg_model) req.body,json_query('$.model') if sg_gen METH_POST",
@@ -126,6 +147,9 @@ def with_gate(config: str) -> str | None:
     gate_dir.mkdir(parents=True, exist_ok=True)
     for name in MAPS:
         (gate_dir / f"{name}.map").touch()  # the publisher's last rates, or empty: nothing is gated
+    health = gate_dir / f"{HEALTH_MAP}.map"
+    if not health.exists():  # else the last stamp, which expires by itself
+        health.write_text("until 0\n")
     for status in (429, 503):
         (gate_dir / f"refusal-{status}.json").write_bytes(refusal_body(status))
     gated = config[: frontend.end()] + rules(gate_dir) + config[frontend.end() :]

@@ -1,5 +1,5 @@
-"""The ingress's side of the HAProxy gate (`haproxy.py`): every second it writes each model's rates into
-the maps of its node's HAProxy, through Serve's admin socket, so the gate weighs requests as the
+"""The Python side of the HAProxy gate (`haproxy.py`). Every second the ingress writes each model's rates
+into the maps of its node's HAProxy, through Serve's admin socket, so the gate weighs requests as the
 ingress's work admission does (`WorkGate.gate_rates`, learned speed included); and it reads back how
 many requests the gate refused, into the model's `serve_graph_rejections_total{stage="gate"}`.
 
@@ -7,6 +7,9 @@ It also writes the map files, so that a reload of HAProxy (Serve reloads it when
 starts from the last rates rather than from none. With several ingress replicas on a node one of them
 publishes (a lock on the gate's directory), so refusals are counted once. Without the gate (HAProxy not
 started through `serve-graph-haproxy`: no map files beside the socket) nothing is written.
+
+The graph's health app stamps its last poll's verdict there too (`publish_health`), which lets HAProxy
+answer a green `GET /health` itself.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
-from serve_app.ingress.gate.haproxy import MAPS, TABLE
+from serve_app.ingress.gate.haproxy import HEALTH_MAP, MAPS, TABLE
 from serve_app.ingress.pipeline.services import Services
 
 logger = logging.getLogger(__name__)
@@ -31,6 +34,8 @@ ANSWER_TIMEOUT_S = 5.0
 _ENTRY = re.compile(r"key=(\S+) .*gpc0=(\d+)")
 # A name the admin socket's command line can carry as one word.
 _NAME = re.compile(r"[^\s;#\\]+")
+# The answer to `prepare map`.
+_VERSION = re.compile(r"New version created: (\d+)")
 
 
 def admin_socket(node_id: str) -> Path:
@@ -65,26 +70,29 @@ def entries(models: Iterable[Services]) -> dict[str, dict[str, int]]:
     return by_map
 
 
-def commands(gate_dir: Path, by_map: dict[str, dict[str, int]]) -> str:
-    """One line of admin commands setting every entry (`del` then `add`: `set` cannot add a key; a request
-    between the two sees the model ungated), then reading the refusals."""
+def prepare(gate_dir: Path, names: Iterable[str]) -> str:
+    """A line of admin commands opening a new, empty version of each named map."""
+    return "; ".join(f"prepare map {gate_dir / name}.map" for name in names) + "\n"
+
+
+def commands(gate_dir: Path, by_map: dict[str, dict[str, int]], versions: dict[str, str]) -> str:
+    """One line of admin commands filling each map's prepared version (`versions`, by map name) and
+    committing it, which swaps the whole map at once (a request never sees a model half-published),
+    then reading the refusals."""
     out = []
     for map_name, values in by_map.items():
-        path = gate_dir / f"{map_name}.map"
-        for name, value in values.items():
-            out += [f"del map {path} {name}", f"add map {path} {name} {value}"]
+        path, version = gate_dir / f"{map_name}.map", versions[map_name]
+        out += [f"add map @{version} {path} {name} {value}" for name, value in values.items()]
+        out.append(f"commit map @{version} {path}")
     return "; ".join([*out, f"show table {TABLE}"]) + "\n"
 
 
 def write_maps(gate_dir: Path, by_map: dict[str, dict[str, int]]) -> None:
     """The same entries into the map files, which HAProxy reads when it (re)starts."""
     for map_name, values in by_map.items():
-        path = gate_dir / f"{map_name}.map"
-        text = "".join(f"{name} {value}\n" for name, value in values.items())
-        if not path.exists() or path.read_text() != text:
-            partial = path.with_name(path.name + ".new")
-            partial.write_text(text)
-            partial.replace(path)
+        partial = gate_dir / f"{map_name}.map.new"
+        partial.write_text("".join(f"{name} {value}\n" for name, value in values.items()))
+        partial.replace(gate_dir / f"{map_name}.map")
 
 
 class RefusalCounts:
@@ -108,16 +116,37 @@ class RefusalCounts:
         return added
 
 
-async def publish(socket: Path, by_map: dict[str, dict[str, int]]) -> str:
-    """Writes `by_map` into the maps of the HAProxy at `socket` once; returns its answer."""
+async def admin(socket: Path, line: str) -> str:
+    """HAProxy's answer to one `line` of admin commands at `socket`."""
     reader, writer = await asyncio.open_unix_connection(str(socket))
     try:
-        writer.write(commands(socket.parent, by_map).encode())
+        writer.write(line.encode())
         await writer.drain()
         # HAProxy closes the connection after the last command.
         return (await asyncio.wait_for(reader.read(), ANSWER_TIMEOUT_S)).decode()
     finally:
         writer.close()
+
+
+async def publish(socket: Path, by_map: dict[str, dict[str, int]]) -> str:
+    """Writes `by_map` into the maps of the HAProxy at `socket` once; returns its answer."""
+    versions: dict[str, str] = {}
+    if by_map:
+        answer = await admin(socket, prepare(socket.parent, by_map))
+        versions = dict(zip(by_map, _VERSION.findall(answer), strict=False))
+        if len(versions) != len(by_map):
+            raise OSError(f"HAProxy prepared {len(versions)} of {len(by_map)} maps: {answer.strip()!r}")
+    return await admin(socket, commands(socket.parent, by_map, versions))
+
+
+async def publish_health(socket: Path, until_ms: int) -> None:
+    """Tells the HAProxy at `socket` that the graph is green until `until_ms` (Unix time; 0: not green);
+    nothing without the gate (no health map beside the socket)."""
+    if not (socket.parent / f"{HEALTH_MAP}.map").exists():
+        return
+    answer = await admin(socket, f"set map {socket.parent / HEALTH_MAP}.map until {until_ms}\n")
+    if answer.strip():
+        raise OSError(f"HAProxy did not take the health stamp: {answer.strip()!r}")
 
 
 def _node_lock(gate_dir: Path) -> IO[str] | None:
@@ -141,6 +170,7 @@ class Publisher:
         self._refusals = RefusalCounts()
         self._lock: IO[str] | None = None
         self._state = ""  # what was last logged: each change of state is logged once
+        self._written: dict[str, dict[str, int]] | None = None  # what the map files hold
 
     def _log(self, state: str, message: str, *args: object) -> None:
         if state != self._state:
@@ -155,7 +185,9 @@ class Publisher:
         if self._lock is None:
             return self._log("other", "another ingress replica publishes the gate's rates at %s", gate_dir)
         by_map = entries(self._models)
-        write_maps(gate_dir, by_map)
+        if by_map != self._written:
+            write_maps(gate_dir, by_map)
+            self._written = by_map
         try:
             answer = await publish(self._socket, by_map)
         except (OSError, TimeoutError) as exc:  # HAProxy reloading, or gone: the next second tells
