@@ -13,6 +13,7 @@ from typing import Any
 import ray
 from fastapi import FastAPI
 from ray import serve
+from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
 from ray.serve.handle import DeploymentHandle
 
 from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer, HandleVocoder
@@ -37,7 +38,14 @@ class Ingress:
         self._router = ModelRouter(models, args.auth)
         # The rates of the admission gate in its node's HAProxy (serve_app/ingress/gate/), on this loop.
         socket = admin_socket(ray.get_runtime_context().get_node_id())
-        self._gate = asyncio.get_running_loop().create_task(publish_forever(socket, models))
+        self._gate = asyncio.get_running_loop().create_task(publish_forever(socket, models, self._at_root))
+
+    @staticmethod
+    async def _at_root() -> bool:
+        """Whether this replica's application serves route `/`, as the controller says."""
+        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        details = await controller.get_serve_instance_details.remote()
+        return bool(details["applications"][serve.get_replica_context().app_name]["route_prefix"] == "/")
 
     @staticmethod
     def _services(args: AppArgs, handles: StageHandles) -> Services:

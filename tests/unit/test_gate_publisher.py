@@ -26,6 +26,10 @@ RATES = AdmissionConfig(prefill_tokens_per_s=1000, decode_tokens_per_s=100, max_
                         retry_after_s=7, learn_speed=False)  # fmt: skip
 
 
+async def at_root() -> bool:
+    return True
+
+
 def gated(app_args: AppArgs, tokenizer_stage: TokenizerStage, admission: AdmissionConfig = RATES) -> Services:
     return Services.create(app_args.model_copy(update={"admission": admission}), tokenizer_stage, FakeLLM())
 
@@ -84,7 +88,7 @@ def test_the_map_files_hold_the_last_rates_for_a_reload(
 
 async def test_one_ingress_replica_of_a_node_publishes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    first, second = Publisher(tmp_path / "admin.sock", []), Publisher(tmp_path / "admin.sock", [])
+    first, second = (Publisher(tmp_path / "admin.sock", [], at_root) for _ in range(2))
     await first.step()
     assert "no HAProxy admission gate" in caplog.text  # no map files: not gated
     (tmp_path / "wait_ns.map").touch()
@@ -98,9 +102,28 @@ async def test_the_map_files_are_rewritten_only_when_the_rates_change(
     tmp_path: Path, app_args: AppArgs, tokenizer_stage: TokenizerStage
 ) -> None:
     (tmp_path / "wait_ns.map").touch()
-    publisher = Publisher(tmp_path / "admin.sock", [gated(app_args, tokenizer_stage)])
+    publisher = Publisher(tmp_path / "admin.sock", [gated(app_args, tokenizer_stage)], at_root)
     await publisher.step()  # HAProxy does not answer; the files are written all the same
     written = (tmp_path / "wait_ns.map").stat().st_mtime_ns
     assert (tmp_path / "wait_ns.map").read_text() == f"{app_args.model.name} 4500000000\n"
     await publisher.step()
     assert (tmp_path / "wait_ns.map").stat().st_mtime_ns == written
+
+
+async def test_an_application_under_a_route_prefix_does_not_publish(
+    tmp_path: Path, app_args: AppArgs, tokenizer_stage: TokenizerStage, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO")
+    asked = 0
+
+    async def under_prefix() -> bool:
+        nonlocal asked
+        asked += 1
+        return False
+
+    (tmp_path / "wait_ns.map").touch()
+    publisher = Publisher(tmp_path / "admin.sock", [gated(app_args, tokenizer_stage)], under_prefix)
+    await publisher.step()
+    await publisher.step()
+    assert "not at route `/`" in caplog.text and asked == 1
+    assert (tmp_path / "wait_ns.map").read_text() == "" and not (tmp_path / "publisher.lock").exists()

@@ -5,7 +5,8 @@ many requests the gate refused, into the model's `serve_graph_rejections_total{s
 
 It also writes the map files, so that a reload of HAProxy (Serve reloads it when replicas come and go)
 starts from the last rates rather than from none. With several ingress replicas on a node one of them
-publishes (a lock on the gate's directory), so refusals are counted once. Without the gate (HAProxy not
+publishes (a lock on the gate's directory), so refusals are counted once; only the application at route
+`/` publishes. Without the gate (HAProxy not
 started through `serve-graph-haproxy`: no map files beside the socket) nothing is written.
 
 The graph's health app stamps its last poll's verdict there too (`publish_health`), which lets HAProxy
@@ -19,7 +20,7 @@ import fcntl
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import IO
 
@@ -161,11 +162,15 @@ def _node_lock(gate_dir: Path) -> IO[str] | None:
 
 
 class Publisher:
-    """The node's publishing, one step a second (`publish_forever`)."""
+    """The node's publishing, one step a second (`publish_forever`). `at_root` tells whether this ingress's
+    application is at route `/`: the gate weighs only `/v1/...` paths, so another application's rates
+    would gate the wrong requests (its own are admitted by its ingress alone)."""
 
-    def __init__(self, socket: Path, models: list[Services]) -> None:
+    def __init__(self, socket: Path, models: list[Services], at_root: Callable[[], Awaitable[bool]]) -> None:
         self._socket = socket
         self._models = models
+        self._at_root = at_root
+        self._root: bool | None = None  # asked until answered; an application's route is fixed
         self._by_name = {services.args.model.name: services for services in models}
         self._refusals = RefusalCounts()
         self._lock: IO[str] | None = None
@@ -181,6 +186,10 @@ class Publisher:
         gate_dir = self._socket.parent
         if not (gate_dir / f"{MAPS[0]}.map").exists():
             return self._log("absent", "no HAProxy admission gate at %s (yet): refusals are the ingress's", gate_dir)
+        if self._root is None:
+            self._root = await self._at_root()
+        if not self._root:
+            return self._log("prefix", "this application is not at route `/`: the gate is not its to fill")
         self._lock = self._lock or _node_lock(gate_dir)
         if self._lock is None:
             return self._log("other", "another ingress replica publishes the gate's rates at %s", gate_dir)
@@ -198,9 +207,9 @@ class Publisher:
                 self._by_name[name].metrics.rejections.labels("gate", "expected_wait").inc(count)
 
 
-async def publish_forever(socket: Path, models: list[Services]) -> None:
+async def publish_forever(socket: Path, models: list[Services], at_root: Callable[[], Awaitable[bool]]) -> None:
     """`Publisher.step` every `PERIOD_S`; a step that fails is logged, and the next one tries again."""
-    publisher = Publisher(socket, models)
+    publisher = Publisher(socket, models, at_root)
     while True:
         try:
             await publisher.step()
