@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -185,7 +184,7 @@ async def test_publishing_again_replaces_each_models_entries(
     assert [line.split()[1:] for line in shown.strip().splitlines()] == [[app_args.model.name, "9000000000"]]
 
 
-def test_the_script_gates_serves_config_and_runs_haproxy_in_a_session_of_its_own(tmp_path: Path) -> None:
+def test_the_script_gates_serves_config_and_execs_haproxy(tmp_path: Path) -> None:
     config = tmp_path / "haproxy.cfg"
     config.write_text(SERVE_CONFIG.format(dir=tmp_path, port=free_port(), backend=free_port()))
     script = "from serve_app.ingress.gate.haproxy import main; main()"
@@ -196,7 +195,6 @@ def test_the_script_gates_serves_config_and_runs_haproxy_in_a_session_of_its_own
                 break
             time.sleep(0.05)
         assert (tmp_path / "admin.sock").exists() and MARK in config.read_text()
-        assert os.getsid(haproxy.pid) == haproxy.pid  # the same pid, exec'd: what Serve stops
     finally:
         haproxy.terminate()
         haproxy.wait()

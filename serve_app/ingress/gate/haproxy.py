@@ -180,16 +180,8 @@ def add_gate(path: Path) -> None:
 
 
 def main() -> None:
-    """`serve-graph-haproxy`: Serve's HAProxy command line, with the gate added to its `-f` config, in a
-    session of its own. With autogroup scheduling (most distributions' default) Linux shares the CPU
-    between sessions first: in the graph's session HAProxy waited behind some 14 Ray processes whenever
-    it woke, in its own it gets a session's share at once (the engine's session gets less:
-    `serve_app/stages/engine_session.py`). Serve stops it by its pid, which stays the same."""
+    """`serve-graph-haproxy`: Serve's HAProxy command line, with the gate added to its `-f` config."""
     args = sys.argv[1:]
-    try:
-        os.setsid()
-    except OSError as exc:  # already a session leader (a caller that did it): nothing to gain
-        print(f"serve-graph-haproxy: stays in its session: {exc!r}", file=sys.stderr)
     if "-f" in args[:-1]:
         try:
             add_gate(Path(args[args.index("-f") + 1]))

@@ -6,8 +6,8 @@ many requests the gate refused, into the model's `serve_graph_rejections_total{s
 It also writes the map files, so that a reload of HAProxy (Serve reloads it when replicas come and go)
 starts from the last rates rather than from none. With several ingress replicas on a node one of them
 publishes (a lock on the gate's directory), so refusals are counted once; only the application at route
-`/` publishes. Without the gate (HAProxy not
-started through `serve-graph-haproxy`: no map files beside the socket) nothing is written.
+`/` publishes. Without the gate (HAProxy not started through `serve-graph-haproxy`: no map files beside
+the socket) nothing is written.
 
 The graph's health app stamps its last poll's verdict there too (`publish_health`), which lets HAProxy
 answer a green `GET /health` itself.
@@ -78,8 +78,8 @@ def prepare(gate_dir: Path, names: Iterable[str]) -> str:
 
 def commands(gate_dir: Path, by_map: dict[str, dict[str, int]], versions: dict[str, str]) -> str:
     """One line of admin commands filling each map's prepared version (`versions`, by map name) and
-    committing it, which swaps the whole map at once (a request never sees a model half-published),
-    then reading the refusals."""
+    committing it, which swaps the whole map at once (a request never finds a model's entry missing, as
+    between a `del` and an `add`), then reading the refusals."""
     out = []
     for map_name, values in by_map.items():
         path, version = gate_dir / f"{map_name}.map", versions[map_name]
