@@ -43,8 +43,9 @@ class Ingress:
     @staticmethod
     async def _at_root() -> bool:
         """Whether this replica's application serves route `/`, as the controller says."""
-        controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
-        details = await controller.get_serve_instance_details.remote()
+        # Off the event loop (a blocking lookup), and bounded: a busy controller is asked again next second.
+        controller = await asyncio.to_thread(ray.get_actor, SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+        details: dict[str, Any] = await asyncio.wait_for(controller.get_serve_instance_details.remote(), 10)
         return bool(details["applications"][serve.get_replica_context().app_name]["route_prefix"] == "/")
 
     @staticmethod

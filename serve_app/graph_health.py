@@ -7,9 +7,9 @@ for nothing but itself. It polls each application's ingress in the background: t
 with its own stages' last check, so a dead or hung stage shows here within two poll intervals, and a
 hung or dead ingress (the call times out or fails) within one poll interval plus the timeout.
 
-After each poll it stamps the result into its node's HAProxy (`stamp`, `ingress/gate/`): while the stamp
-is green and fresh (two poll intervals), HAProxy answers `GET /health` itself and the request never
-waits for a Python event loop; red, stale, or asked with a query string, it reaches this app.
+It also stamps its verdict into its node's HAProxy (`stamp`, `ingress/gate/`): while the stamp is green
+and fresh (two poll intervals), HAProxy answers `GET /health` itself and the probe never waits for a
+Python event loop; red, stale, or asked with a query string, it reaches this app.
 """
 
 from __future__ import annotations
@@ -93,19 +93,41 @@ class GraphHealthApp:
         # Each application's stages as its ingress last reported them ({} before its first answer).
         self.stages: dict[str, dict[str, str]] = {app: {} for app in reports}
         checks = {app: ingress_check(report, self.stages[app]) for app, report in reports.items()}
-        self.monitor = HealthMonitor(checks, args.poll_interval_s, args.timeout_s, self._stamp if stamp else None)
-        self._sink = stamp  # takes the Unix time in ms until which the graph is green, 0 when it is not
+        self.monitor = HealthMonitor(checks, args.poll_interval_s, args.timeout_s)
+        # Takes the Unix time in ms until which the graph is green, 0 when it is not. Stamped every half
+        # poll interval from the last verdict, apart from the polls: a poll slowed by a busy ingress (up
+        # to `timeout_s`) does not let the stamp lapse, and a red verdict reaches HAProxy within half an
+        # interval. Green lasts two intervals, so a hung or dead health replica goes stale by itself.
+        self._stamp_sink = stamp
+        self._stamp_every_s = args.poll_interval_s / 2
         self._green_for_ms = int(2000 * args.poll_interval_s)
-        self._stamp_timeout_s = args.timeout_s  # a hung HAProxy must not stop the polls
         self._stamp_failing = False  # each change logged once
+        self._stamping: asyncio.Task[None] | None = None
 
-    async def _stamp(self) -> None:
-        assert self._sink is not None
-        ok, _ = self.monitor.report()
+    def start(self) -> None:
+        self.monitor.start()
+        if self._stamp_sink is not None and self._stamping is None:
+            self._stamping = asyncio.get_running_loop().create_task(self._stamp_forever(), name="health-stamp")
+
+    async def stop(self) -> None:
+        if self._stamping is not None:
+            self._stamping.cancel()
+            await asyncio.gather(self._stamping, return_exceptions=True)
+            self._stamping = None
+            await self._stamp(False)  # shutting down: not green for the stamp's remaining life
+        await self.monitor.stop()
+
+    async def _stamp_forever(self) -> None:
+        while True:
+            await self._stamp(self.monitor.report()[0])
+            await asyncio.sleep(self._stamp_every_s)
+
+    async def _stamp(self, green: bool) -> None:
+        assert self._stamp_sink is not None
+        until_ms = int(time.time() * 1000) + self._green_for_ms if green else 0
         try:
-            until_ms = int(time.time() * 1000) + self._green_for_ms if ok else 0
-            await asyncio.wait_for(self._sink(until_ms), self._stamp_timeout_s)
-        except Exception as exc:  # HAProxy reloading or absent: Python answers /health meanwhile
+            await asyncio.wait_for(self._stamp_sink(until_ms), self._stamp_every_s)
+        except Exception as exc:  # HAProxy reloading, hung or absent: this app answers /health meanwhile
             if not self._stamp_failing:
                 logger.warning("the health stamp failed (this app answers /health until it works): %r", exc)
             self._stamp_failing = True
@@ -127,9 +149,9 @@ class GraphHealthApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self.monitor.start()
+                self.start()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                await self.monitor.stop()
+                await self.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return

@@ -126,7 +126,8 @@ GRAPH_HEALTH_POLL_S = 1.0
 
 def stage_health(base_url: str, app: str) -> dict[str, str]:
     """{stage: "ok" or what failed} of `app`: from its own `<prefix>/health`, or for the application at
-    `/`, whose `/health` is the graph's, from the graph's report of it."""
+    `/`, whose `/health` is the graph's, from the graph's report of it (`?verbose`: a green `/health`
+    is HAProxy's answer, which names no stage)."""
     body = httpx.get(f"{base_url}/health?verbose", timeout=5).json()
     stages: dict[str, str] = body["stages"] if "stages" in body else body["applications"][app]["stages"]
     return stages

@@ -17,7 +17,7 @@ import pytest
 
 from load.ports import free_port
 from serve_app.config import AppArgs
-from serve_app.ingress.gate.haproxy import MARK, add_gate, real_binary, refusal_body, with_gate
+from serve_app.ingress.gate.haproxy import MAPS, MARK, add_gate, real_binary, refusal_body, with_gate
 from serve_app.ingress.gate.publisher import RefusalCounts, admin, entries, publish, publish_health
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.test_gate_publisher import RATES, gated
@@ -140,9 +140,10 @@ async def test_the_gate_refuses_what_the_engine_cannot_clear_and_passes_the_rest
     name = app_args.model.name
     assert await burst(url, name, 100, 12) == {(200, None): 12}  # nothing published yet: nothing gated
     # 100 tokens take 1 s at RATES: 4 fit in its 4.5 s, so 4 of each model's requests of that size at once.
-    await publish(socket, entries([gated(app_args, tokenizer_stage)]))
+    by_map = entries([gated(app_args, tokenizer_stage)])
+    await publish(socket, by_map)
     assert await burst(url, name, 100, 12) == {(200, None): 4, (429, "7"): 8}
-    assert RefusalCounts().new(await publish(socket, {})) == {name: 8}  # what the ingress counts
+    assert RefusalCounts().new(await publish(socket, by_map)) == {name: 8}  # what the ingress counts
     assert await burst(url, name, 1, 60) == {(200, None): 60}  # one-token requests: 256 fit
     assert await burst(url, "another-model", 100, 12) == {(200, None): 12}
     # Chat's max_completion_tokens wins over max_tokens, as in the ingress; `n` multiplies.
@@ -172,6 +173,12 @@ async def test_haproxy_answers_a_green_health_probe_itself_until_the_stamp_expir
         await publish_health(socket, int(time.time() * 1000) + 60_000)
         await publish_health(socket, 0)  # red
         assert (await probe())[1] == {}
+
+
+async def test_a_map_haproxy_does_not_know_is_an_error(gate: tuple[str, Path]) -> None:
+    _, socket = gate
+    with pytest.raises(OSError, match="prepared 6 of 7 maps"):
+        await publish(socket, {**{name: {} for name in MAPS}, "other": {}})
 
 
 async def test_publishing_again_replaces_each_models_entries(

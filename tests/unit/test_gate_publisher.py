@@ -53,8 +53,9 @@ def test_the_values_are_the_work_gates_rates_in_nanoseconds(app_args: AppArgs, t
 def test_a_model_admitted_by_count_is_not_gated(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
     by_count = gated(app_args, tokenizer_stage, AdmissionConfig())
     assert map_values(by_count) is None
-    assert commands(Path("/g"), {}, {}) == "show table serve_graph_in_flight\n"
-    assert entries([by_count]) == {name: {} for name in MAPS}
+    by_map = entries([by_count])
+    assert by_map == {name: {} for name in MAPS}  # every map committed empty
+    assert commands(Path("/g"), by_map, dict.fromkeys(MAPS, "1")).startswith("commit map @1 /g/wait_ns.map; ")
 
 
 def test_each_map_is_filled_in_a_new_version_and_committed_whole(
@@ -93,7 +94,7 @@ async def test_one_ingress_replica_of_a_node_publishes(tmp_path: Path, caplog: p
     assert "no HAProxy admission gate" in caplog.text  # no map files: not gated
     (tmp_path / "wait_ns.map").touch()
     await first.step()  # holds the node's lock; HAProxy is not there to answer
-    assert "does not answer" in caplog.text
+    assert "publishing to the gate's HAProxy" in caplog.text and "failed" in caplog.text
     await second.step()
     assert "another ingress replica publishes" in caplog.text
 

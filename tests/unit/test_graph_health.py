@@ -39,14 +39,14 @@ async def get_health(
 ) -> httpx.Response:
     args = GraphHealthArgs(applications=list(reports), poll_interval_s=0.01, timeout_s=0.05)
     app = GraphHealthApp(args, reports, stamp)
-    app.monitor.start()
+    app.start()
     try:
         await asyncio.sleep(0.1 * polls)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://health") as client:
             return await client.get("/health")
     finally:
-        await app.monitor.stop()
+        await app.stop()
 
 
 async def test_green_when_every_application_is() -> None:
@@ -110,7 +110,7 @@ async def test_the_asgi_lifespan_starts_and_stops_the_polls() -> None:
     assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
 
 
-async def test_each_poll_stamps_green_for_two_poll_intervals_and_red_as_zero() -> None:
+async def test_the_stamp_is_green_for_two_poll_intervals_red_as_zero_and_zero_at_the_end() -> None:
     stamps: list[int] = []
 
     async def stamp(until_ms: int) -> None:
@@ -118,10 +118,12 @@ async def test_each_poll_stamps_green_for_two_poll_intervals_and_red_as_zero() -
 
     before_ms = int(time.time() * 1000)
     await get_health({"llm-app": reporting(OK)}, stamp=stamp)
-    assert stamps and all(before_ms + 20 <= until <= time.time() * 1000 + 20 for until in stamps)
+    green = [until for until in stamps if until]
+    assert len(green) > 5 and all(before_ms + 20 <= until <= time.time() * 1000 + 20 for until in green)
+    assert stamps[-1] == 0  # stopped
     stamps.clear()
     await get_health({"llm-app": reporting((False, {"llm": "EngineDeadError: gone"}))}, stamp=stamp)
-    assert stamps and set(stamps) == {0}
+    assert len(stamps) > 5 and set(stamps) == {0}
 
 
 async def test_a_failing_stamp_is_logged_once_and_this_app_still_answers(caplog: pytest.LogCaptureFixture) -> None:
@@ -131,3 +133,22 @@ async def test_a_failing_stamp_is_logged_once_and_this_app_still_answers(caplog:
     response = await get_health({"llm-app": reporting(OK)}, polls=3, stamp=stamp)
     assert response.status_code == 200
     assert caplog.text.count("the health stamp failed") == 1
+
+
+async def test_a_hung_stamp_neither_stops_the_polls_nor_the_next_stamps() -> None:
+    calls = 0
+
+    async def stamp(until_ms: int) -> None:
+        nonlocal calls
+        calls += 1
+        await asyncio.Event().wait()
+
+    polled = 0
+
+    async def report() -> Report:
+        nonlocal polled
+        polled += 1
+        return OK
+
+    response = await get_health({"llm-app": report}, stamp=stamp)
+    assert response.status_code == 200 and polled > 3 and calls > 3

@@ -37,9 +37,10 @@ from serve_app.errors import OverloadedError, error_response
 
 # The maps the rules read, by model name; `publisher.py` fills them.
 MAPS = ("wait_ns", "char_ns", "token_ns", "max_tokens", "status", "retry_after")
-# The graph's health stamp: key `until`, the Unix time in ms up to which `/health` is green
-# (`serve_app/graph_health.py` writes it after each poll through `publisher.publish_health`).
+# The graph's health stamp: under HEALTH_KEY, the Unix time in ms up to which `/health` is green
+# (`serve_app/graph_health.py` writes it through `publisher.publish_health`).
 HEALTH_MAP = "health"
+HEALTH_KEY = "until"
 HEALTH_PATH = "/health"
 MARK = "# serve-graph admission gate"
 GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
@@ -75,7 +76,7 @@ def health_rules(gate_dir: Path) -> list[str]:
     return [
         f"acl sg_health path {HEALTH_PATH}",
         f"http-request set-var(txn.sg_now) date(0,ms) if {probe}",
-        f"http-request set-var(txn.sg_green_ms) str(until),map_str_int({gate_dir / HEALTH_MAP}.map,0),"
+        f"http-request set-var(txn.sg_green_ms) str({HEALTH_KEY}),map_str_int({gate_dir / HEALTH_MAP}.map,0),"
         f"sub(txn.sg_now) if {probe}",
         f'http-request return status 200 content-type application/json string \'{{"status":"ok"}}\' '
         f"if {probe} {{ var(txn.sg_green_ms) -m int gt 0 }}",
@@ -147,9 +148,8 @@ def with_gate(config: str) -> str | None:
     gate_dir.mkdir(parents=True, exist_ok=True)
     for name in MAPS:
         (gate_dir / f"{name}.map").touch()  # the publisher's last rates, or empty: nothing is gated
-    health = gate_dir / f"{HEALTH_MAP}.map"
-    if not health.exists():  # else the last stamp, which expires by itself
-        health.write_text("until 0\n")
+    # Not green until the health replica's next stamp (every half poll interval), also after a reload.
+    (gate_dir / f"{HEALTH_MAP}.map").write_text(f"{HEALTH_KEY} 0\n")
     for status in (429, 503):
         (gate_dir / f"refusal-{status}.json").write_bytes(refusal_body(status))
     gated = config[: frontend.end()] + rules(gate_dir) + config[frontend.end() :]

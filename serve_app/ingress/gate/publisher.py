@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import IO
 
-from serve_app.ingress.gate.haproxy import HEALTH_MAP, MAPS, TABLE
+from serve_app.ingress.gate.haproxy import HEALTH_KEY, HEALTH_MAP, MAPS, TABLE
 from serve_app.ingress.pipeline.services import Services
 
 logger = logging.getLogger(__name__)
@@ -131,13 +131,15 @@ async def admin(socket: Path, line: str) -> str:
 
 async def publish(socket: Path, by_map: dict[str, dict[str, int]]) -> str:
     """Writes `by_map` into the maps of the HAProxy at `socket` once; returns its answer."""
-    versions: dict[str, str] = {}
-    if by_map:
-        answer = await admin(socket, prepare(socket.parent, by_map))
-        versions = dict(zip(by_map, _VERSION.findall(answer), strict=False))
-        if len(versions) != len(by_map):
-            raise OSError(f"HAProxy prepared {len(versions)} of {len(by_map)} maps: {answer.strip()!r}")
-    return await admin(socket, commands(socket.parent, by_map, versions))
+    answer = await admin(socket, prepare(socket.parent, by_map))
+    versions = dict(zip(by_map, _VERSION.findall(answer), strict=False))
+    if len(versions) != len(by_map):
+        raise OSError(f"HAProxy prepared {len(versions)} of {len(by_map)} maps: {answer.strip()!r}")
+    answer = await admin(socket, commands(socket.parent, by_map, versions))
+    refused = answer.split("# table:")[0].strip()  # `add` and `commit` answer nothing when they succeed
+    if refused:
+        raise OSError(f"HAProxy did not take the gate's maps: {refused[:300]!r}")
+    return answer
 
 
 async def publish_health(socket: Path, until_ms: int) -> None:
@@ -145,7 +147,7 @@ async def publish_health(socket: Path, until_ms: int) -> None:
     nothing without the gate (no health map beside the socket)."""
     if not (socket.parent / f"{HEALTH_MAP}.map").exists():
         return
-    answer = await admin(socket, f"set map {socket.parent / HEALTH_MAP}.map until {until_ms}\n")
+    answer = await admin(socket, f"set map {socket.parent / HEALTH_MAP}.map {HEALTH_KEY} {until_ms}\n")
     if answer.strip():
         raise OSError(f"HAProxy did not take the health stamp: {answer.strip()!r}")
 
@@ -200,7 +202,7 @@ class Publisher:
         try:
             answer = await publish(self._socket, by_map)
         except (OSError, TimeoutError) as exc:  # HAProxy reloading, or gone: the next second tells
-            return self._log("unreachable", "the gate's HAProxy at %s does not answer: %r", self._socket, exc)
+            return self._log("failing", "publishing to the gate's HAProxy at %s failed: %r", self._socket, exc)
         self._log("publishing", "publishing the gate's rates at %s", gate_dir)
         for name, count in self._refusals.new(answer).items():
             if name in self._by_name:

@@ -25,13 +25,10 @@ class StageHealth:
 
 
 class HealthMonitor:
-    def __init__(
-        self, checks: Mapping[str, Check], interval_s: float, timeout_s: float, after_poll: Check | None = None
-    ) -> None:
+    def __init__(self, checks: Mapping[str, Check], interval_s: float, timeout_s: float) -> None:
         self._checks = checks
         self._interval_s = interval_s
         self._timeout_s = timeout_s
-        self._after_poll = after_poll  # awaited after each background poll, before the pause
         self._status: dict[str, StageHealth] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -66,8 +63,6 @@ class HealthMonitor:
     async def _run(self) -> None:
         while True:
             await self.poll_once()
-            if self._after_poll is not None:
-                await self._after_poll()
             await asyncio.sleep(self._interval_s)
 
     async def _check(self, name: str) -> StageHealth:
