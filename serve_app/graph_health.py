@@ -141,6 +141,10 @@ class GraphHealthApp:
             await self._lifespan(receive, send)
             return
         ok, details = self.monitor.report()
+        if not ok and self._stamping is not None:
+            # HAProxy's green must end before anyone hears red here (a client that saw red and asks
+            # `/health` again gets red, not the stamp's last half interval of green).
+            await self._stamp(False)
         apps = {app: {"status": detail, "stages": self.stages[app]} for app, detail in details.items()}
         body = {"status": "ok" if ok else "unhealthy", "applications": apps}
         await JSONResponse(body, status_code=200 if ok else 503)(scope, receive, send)

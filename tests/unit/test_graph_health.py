@@ -152,3 +152,23 @@ async def test_a_hung_stamp_neither_stops_the_polls_nor_the_next_stamps() -> Non
 
     response = await get_health({"llm-app": report}, stamp=stamp)
     assert response.status_code == 200 and polled > 3 and calls > 3
+
+
+async def test_red_is_stamped_before_this_app_answers_it() -> None:
+    stamps: list[int] = []
+
+    async def stamp(until_ms: int) -> None:
+        stamps.append(until_ms)
+
+    args = GraphHealthArgs(applications=["llm-app"], poll_interval_s=60, timeout_s=0.05)
+    app = GraphHealthApp(args, {"llm-app": reporting((False, {"llm": "EngineDeadError: gone"}))}, stamp)
+    app.start()
+    try:
+        await asyncio.sleep(0.1)  # one poll, and one stamp of it; the next stamp in 30 s
+        stamps.clear()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://health") as client:
+            assert (await client.get("/health")).status_code == 503
+        assert stamps == [0]
+    finally:
+        await app.stop()
