@@ -103,6 +103,7 @@ class GraphHealthApp:
         self._green_for_ms = int(2000 * args.poll_interval_s)
         self._stamp_failing = False  # each change logged once
         self._stamping: asyncio.Task[None] | None = None
+        self._stamp_lock = asyncio.Lock()
 
     def start(self) -> None:
         self.monitor.start()
@@ -119,10 +120,17 @@ class GraphHealthApp:
 
     async def _stamp_forever(self) -> None:
         while True:
-            await self._stamp(self.monitor.report()[0])
+            await self._stamp()
             await asyncio.sleep(self._stamp_every_s)
 
-    async def _stamp(self, green: bool) -> None:
+    async def _stamp(self, green: bool | None = None) -> None:
+        """Stamps `green`, or the last verdict, one stamp at a time: a green one begun before a red poll
+        cannot land after the red one."""
+        assert self._stamp_sink is not None
+        async with self._stamp_lock:
+            await self._stamp_now(self.monitor.report()[0] if green is None else green)
+
+    async def _stamp_now(self, green: bool) -> None:
         assert self._stamp_sink is not None
         until_ms = int(time.time() * 1000) + self._green_for_ms if green else 0
         try:
