@@ -1,10 +1,12 @@
 """Simultaneous bursts: N requests that reach the server in the same few milliseconds, per target.
 
 A ramp lets admission see the load coming; a burst is what a retry storm or a batch job sends. All N
-connections are opened first, then every request is written in one pass (a few ms for hundreds), so
-the time from a request's last byte to the answer's first byte is the server's own: queueing in its
-proxy, parsing, admission. Per request: status, whether a refusal is OpenAI JSON with Retry-After,
-time to the answer's first byte, and for a 200 stream whether it ended with `[DONE]`. `/health` is
+connections are opened first, then every request is written in one pass (a few ms for hundreds).
+Per request: status, whether a refusal is OpenAI JSON with Retry-After, time to the answer's first
+byte, and for a 200 stream whether it ended with `[DONE]`. A refusal's time is read twice: as this
+process sees it, from the burst's first write (its loop, busy with hundreds of connections on the
+server's cores, adds tens of ms), and at arrival, from the request's own write to the kernel's stamp on
+the answer's first bytes: the server's own time, queueing in its proxy, parsing, admission. `/health` is
 probed through the burst. Targets take turns, for --rounds rounds.
 
   python -m load.burst --start graph:configs/cpu-tiny.yaml@tiny-chat --start vllm:configs/cpu-tiny.yaml@tiny-chat \\
@@ -19,6 +21,8 @@ import argparse
 import asyncio
 import json
 import random
+import socket
+import struct
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -40,8 +44,9 @@ from load.stats import summary_ms
 class Answer:
     status: int
     kind: str  # "served", "refused" (503/429 OpenAI JSON + Retry-After) or what else it was
-    first_byte_s: float
+    first_byte_s: float  # from the burst's first write to this process seeing the answer's first byte
     done_s: float
+    arrival_s: float  # from this request's write to its answer's first byte reaching this host's kernel
 
 
 def request_bytes(host: str, path: str, body: dict[str, Any]) -> bytes:
@@ -63,13 +68,57 @@ def classify(status: int, headers: bytes, body: bytes) -> str:
     return f"HTTP {status}"
 
 
-async def one(reader: asyncio.StreamReader, sent: float) -> Answer:
-    first = await reader.read(1)
-    first_byte = time.perf_counter() - sent
-    head = first + await reader.readuntil(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    body = await reader.read()  # `Connection: close`: the server ends the response by closing
-    return Answer(status, classify(status, head, body), first_byte, time.perf_counter() - sent)
+# Linux's SO_TIMESTAMPNS (and its SCM_ message type): the kernel stamps each received segment with the
+# wall-clock time it arrived, a struct timespec. The `socket` module does not name it.
+SO_TIMESTAMPNS = 35
+TIMESPEC = struct.Struct("qq")
+
+
+class Reception:
+    """One connection's answer, read as it comes (`Connection: close` ends it). The kernel's stamp on
+    its first bytes is when they arrived, however late this process's loop gets to them: with hundreds
+    of connections and the server on the same two cores, the loop alone adds tens of ms."""
+
+    def __init__(self, sock: socket.socket, sent_wall: float) -> None:
+        self.sock, self.sent_wall = sock, sent_wall
+        self.data = bytearray()
+        self.seen = self.arrived_wall = 0.0
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def readable(self) -> None:
+        while not self.done.done():
+            try:
+                chunk, ancillary, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(TIMESPEC.size))
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self.done.set_exception(exc)
+                return
+            if chunk and not self.data:
+                self.seen = time.perf_counter()
+                self.arrived_wall = next(
+                    (sec + nsec / 1e9 for level, kind, raw in ancillary
+                     if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS
+                     for sec, nsec in [TIMESPEC.unpack(raw[: TIMESPEC.size])]),
+                    time.time(),
+                )  # fmt: skip
+            if not chunk:
+                self.done.set_result(None)
+            self.data += chunk
+
+    def answer(self, sent: float) -> Answer:
+        head, _, body = bytes(self.data).partition(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        return Answer(status, classify(status, head + b"\r\n\r\n", body), self.seen - sent,
+                      time.perf_counter() - sent, self.arrived_wall - self.sent_wall)  # fmt: skip
+
+
+async def connect(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    return sock
 
 
 async def burst(url: str, model: str, n: int, max_tokens: int, input_words: int, seed: int) -> list[Answer | str]:
@@ -80,14 +129,22 @@ async def burst(url: str, model: str, n: int, max_tokens: int, input_words: int,
         "model": model, "prompt": " ".join(rng.choice(WORDS) for _ in range(input_words)),
         "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
     }) for _ in range(n)]  # fmt: skip
-    connections = await asyncio.gather(*(asyncio.open_connection(host, port) for _ in range(n)))
+    loop = asyncio.get_running_loop()
+    sockets = await asyncio.gather(*(connect(socket.gethostbyname(host), port) for _ in range(n)))
+    receptions = []
     sent = time.perf_counter()
-    for (_, writer), payload in zip(connections, bodies, strict=True):
-        writer.write(payload)
-    results = await asyncio.gather(*(one(r, sent) for r, _ in connections), return_exceptions=True)
-    for _, writer in connections:
-        writer.close()
-    return [r if isinstance(r, Answer) else f"connection ({type(r).__name__})" for r in results]
+    for sock, payload in zip(sockets, bodies, strict=True):
+        receptions.append(Reception(sock, time.time()))
+        await loop.sock_sendall(sock, payload)  # a few KB into an empty socket buffer: written at once
+        loop.add_reader(sock.fileno(), receptions[-1].readable)
+    results = await asyncio.gather(*(r.done for r in receptions), return_exceptions=True)
+    answers: list[Answer | str] = []
+    for sock, reception, result in zip(sockets, receptions, results, strict=True):
+        loop.remove_reader(sock.fileno())
+        sock.close()
+        ok = not isinstance(result, BaseException)
+        answers.append(reception.answer(sent) if ok else f"connection ({type(result).__name__})")
+    return answers
 
 
 async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -105,6 +162,7 @@ async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, s
         "max_tokens": max_tokens,
         "outcomes": dict(kinds),
         "refusal_ms": summary_ms([a.first_byte_s for a in ok if a.kind == "refused"]),
+        "refusal_arrival_ms": summary_ms([a.arrival_s for a in ok if a.kind == "refused"]),
         "served_first_byte_ms": summary_ms([a.first_byte_s for a in ok if a.kind == "served"]),
         "served_done_ms": summary_ms([a.done_s for a in ok if a.kind == "served"]),
         "wall_s": wall,
@@ -116,17 +174,20 @@ def markdown(result: dict[str, Any]) -> str:
     """One row per burst: what became of its requests, how fast refusals came, `/health` meanwhile (ms)."""
     lines = [
         "| target | round | requests x max_tokens | served | refused (JSON + Retry-After) | other | "
-        "refusal p50 | p99 | max | served first byte p50 | p99 | /health p99 | max |",
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "refusal p50 | p99 | max | at arrival p50 | p99 | max | served first byte p50 | p99 | /health p99 | max |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         outcomes = dict(row["outcomes"])
         served, refused = outcomes.pop("served", 0), outcomes.pop("refused", 0)
         other = ", ".join(f"{n} {kind}" for kind, n in outcomes.items()) or "0"
         r, f, h = row["refusal_ms"], row["served_first_byte_ms"], row["health"]
+        a = row.get("refusal_arrival_ms")  # results before stop 37 have none
+        arrival = f"{a['p50']:.0f} | {a['p99']:.0f} | {a['max']:.0f}" if a else "- | - | -"
         lines.append(
             f"| {row['target']} | {row['round']} | {row['requests']} x {row['max_tokens']} | {served} | {refused} "
-            f"| {other} | {r['p50']:.0f} | {r['p99']:.0f} | {r['max']:.0f} | {f['p50']:.0f} | {f['p99']:.0f} "
+            f"| {other} | {r['p50']:.0f} | {r['p99']:.0f} | {r['max']:.0f} | {arrival} "
+            f"| {f['p50']:.0f} | {f['p99']:.0f} "
             f"| {h['p99']:.1f} | {h['max']:.1f} |"
         )
     return "\n".join(lines) + "\n"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 
 from load.burst import Answer, burst, classify, markdown, request_bytes
 
@@ -39,7 +41,10 @@ async def test_a_burst_gets_every_answer() -> None:
         headers = dict(line.partition(b": ")[::2] for line in head.split(b"\r\n")[1:] if line)
         await reader.readexactly(int(headers[b"Content-Length"]))
         seen += 1
-        writer.write([SSE, REFUSAL, PLAIN][seen % 3])
+        answer = [SSE, REFUSAL, PLAIN][seen % 3]
+        if seen == 1:
+            await asyncio.sleep(0.2)  # the first answer is late: its arrival time says so
+        writer.write(answer)
         await writer.drain()
         writer.close()
 
@@ -50,6 +55,23 @@ async def test_a_burst_gets_every_answer() -> None:
     kinds = sorted(a.kind for a in answers if isinstance(a, Answer))
     assert kinds.count("served") == kinds.count("refused") == 10
     assert kinds.count("HTTP 503 (not OpenAI JSON + Retry-After)") == 10
+    arrivals = sorted(a.arrival_s for a in answers if isinstance(a, Answer))
+    assert arrivals[0] > 0 and arrivals[-2] < 0.15 < 0.2 <= arrivals[-1] < 1
+    assert all(isinstance(a, Answer) and a.arrival_s <= a.first_byte_s + 0.01 for a in answers)
+
+
+async def test_a_connection_reset_is_reported_not_raised() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+        writer.transport.abort()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        answers = await burst(f"http://127.0.0.1:{port}", "m", 3, 1, 8, seed=0)
+    assert answers == ["connection (ConnectionResetError)"] * 3
 
 
 def test_markdown_has_a_row_per_burst() -> None:
@@ -57,8 +79,10 @@ def test_markdown_has_a_row_per_burst() -> None:
     row = {"target": "graph", "round": 0, "requests": 400, "max_tokens": 256, "refusal_ms": ms,
            "outcomes": {"served": 64, "refused": 330, "HTTP 500": 6}, "served_first_byte_ms": ms,
            "served_done_ms": ms, "wall_s": 1.0, "health": ms | {"failures": 0}}  # fmt: skip
-    table = markdown({"rows": [row, row | {"target": "vllm", "outcomes": {"served": 400}}]})
+    arrival = ms | {"p50": 0.5, "p99": 0.7, "max": 0.9}
+    vllm = row | {"target": "vllm", "outcomes": {"served": 400}}
+    table = markdown({"rows": [row | {"refusal_arrival_ms": arrival}, vllm]})
     lines = table.splitlines()
     assert len(lines) == 4
-    assert lines[2].startswith("| graph | 0 | 400 x 256 | 64 | 330 | 6 HTTP 500 | 1 | 2 | 3 |")
-    assert lines[3].startswith("| vllm | 0 | 400 x 256 | 400 | 0 | 0 |")
+    assert lines[2].startswith("| graph | 0 | 400 x 256 | 64 | 330 | 6 HTTP 500 | 1 | 2 | 3 | 0 | 1 | 1 |")
+    assert lines[3].startswith("| vllm | 0 | 400 x 256 | 400 | 0 | 0 | 1 | 2 | 3 | - | - | - |")
