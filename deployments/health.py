@@ -13,7 +13,7 @@ from ray import serve
 from ray.serve import Application, Deployment
 
 from serve_app.graph_health import GraphHealthApp, GraphHealthArgs, Report
-from serve_app.ingress.gate.publisher import admin_socket, publish_health
+from serve_app.ingress.gate.admin import admin_socket, publish_health
 from serve_app.strict_args import parse_args
 
 

@@ -20,7 +20,8 @@ from deployments.handles import HandleLLM, HandleMultimodal, HandleTokenizer, Ha
 from serve_app.config import AppArgs
 from serve_app.graph_args import GraphArgs
 from serve_app.ingress.app import create_app
-from serve_app.ingress.gate.publisher import admin_socket, publish_forever
+from serve_app.ingress.gate.admin import admin_socket
+from serve_app.ingress.gate.publisher import publish_forever
 from serve_app.ingress.pipeline.inline_tokenizer import InlineTokenizer
 from serve_app.ingress.pipeline.router import ModelRouter
 from serve_app.ingress.pipeline.services import Services

@@ -128,18 +128,15 @@ class GraphHealthApp:
         cannot land after the red one."""
         assert self._stamp_sink is not None
         async with self._stamp_lock:
-            await self._stamp_now(self.monitor.report()[0] if green is None else green)
-
-    async def _stamp_now(self, green: bool) -> None:
-        assert self._stamp_sink is not None
-        until_ms = int(time.time() * 1000) + self._green_for_ms if green else 0
-        try:
-            await asyncio.wait_for(self._stamp_sink(until_ms), self._stamp_every_s)
-        except Exception as exc:  # HAProxy reloading, hung or absent: this app answers /health meanwhile
-            if not self._stamp_failing:
-                logger.warning("the health stamp failed (this app answers /health until it works): %r", exc)
-            self._stamp_failing = True
-            return
+            green = self.monitor.report()[0] if green is None else green
+            until_ms = int(time.time() * 1000) + self._green_for_ms if green else 0
+            try:
+                await asyncio.wait_for(self._stamp_sink(until_ms), self._stamp_every_s)
+            except Exception as exc:  # HAProxy reloading, hung or absent: this app answers /health meanwhile
+                if not self._stamp_failing:
+                    logger.warning("the health stamp failed (this app answers /health until it works): %r", exc)
+                self._stamp_failing = True
+                return
         if self._stamp_failing:
             logger.info("the health stamp works again")
         self._stamp_failing = False

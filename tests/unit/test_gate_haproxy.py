@@ -17,8 +17,9 @@ import pytest
 
 from load.ports import free_port
 from serve_app.config import AppArgs
+from serve_app.ingress.gate.admin import admin, publish_health
 from serve_app.ingress.gate.haproxy import MAPS, MARK, add_gate, real_binary, refusal_body, with_gate
-from serve_app.ingress.gate.publisher import RefusalCounts, admin, entries, publish, publish_health
+from serve_app.ingress.gate.publisher import RefusalCounts, entries, publish
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.test_gate_publisher import RATES, gated
 

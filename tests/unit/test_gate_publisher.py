@@ -11,7 +11,6 @@ from serve_app.ingress.gate.haproxy import MAPS
 from serve_app.ingress.gate.publisher import (
     Publisher,
     RefusalCounts,
-    admin_socket,
     commands,
     entries,
     map_values,
@@ -32,13 +31,6 @@ async def at_root() -> bool:
 
 def gated(app_args: AppArgs, tokenizer_stage: TokenizerStage, admission: AdmissionConfig = RATES) -> Services:
     return Services.create(app_args.model_copy(update={"admission": admission}), tokenizer_stage, FakeLLM())
-
-
-def test_the_socket_is_serves_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("RAY_SERVE_HAPROXY_SOCKET_PATH", raising=False)
-    assert admin_socket("abc") == Path("/tmp/haproxy-serve/abc/admin.sock")
-    monkeypatch.setenv("RAY_SERVE_HAPROXY_SOCKET_PATH", "/run/hap/admin.sock")
-    assert admin_socket("abc") == Path("/run/hap/abc/admin.sock")
 
 
 def test_the_values_are_the_work_gates_rates_in_nanoseconds(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:

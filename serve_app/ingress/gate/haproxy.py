@@ -38,7 +38,7 @@ from serve_app.errors import OverloadedError, error_response
 # The maps the rules read, by model name; `publisher.py` fills them.
 MAPS = ("wait_ns", "char_ns", "token_ns", "max_tokens", "status", "retry_after")
 # The graph's health stamp: under HEALTH_KEY, the Unix time in ms up to which `/health` is green
-# (`serve_app/graph_health.py` writes it through `publisher.publish_health`).
+# (`serve_app/graph_health.py` writes it through `admin.publish_health`).
 HEALTH_MAP = "health"
 HEALTH_KEY = "until"
 HEALTH_PATH = "/health"

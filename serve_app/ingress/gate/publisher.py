@@ -8,9 +8,6 @@ starts from the last rates rather than from none. With several ingress replicas 
 publishes (a lock on the gate's directory), so refusals are counted once; only the application at route
 `/` publishes. Without the gate (HAProxy not started through `serve-graph-haproxy`: no map files beside
 the socket) nothing is written.
-
-The graph's health app stamps its last poll's verdict there too (`publish_health`), which lets HAProxy
-answer a green `GET /health` itself.
 """
 
 from __future__ import annotations
@@ -18,33 +15,24 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-import os
 import re
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import IO
 
-from serve_app.ingress.gate.haproxy import HEALTH_KEY, HEALTH_MAP, MAPS, TABLE
+from serve_app.ingress.gate.admin import admin
+from serve_app.ingress.gate.haproxy import MAPS, TABLE
 from serve_app.ingress.pipeline.services import Services
 
 logger = logging.getLogger(__name__)
 
 PERIOD_S = 1.0
-ANSWER_TIMEOUT_S = 5.0
 # A line of `show table`: an entry's key (model/slot) and its refusals so far.
 _ENTRY = re.compile(r"key=(\S+) .*gpc0=(\d+)")
 # A name the admin socket's command line can carry as one word.
 _NAME = re.compile(r"[^\s;#\\]+")
 # The answer to `prepare map`.
 _VERSION = re.compile(r"New version created: (\d+)")
-
-
-def admin_socket(node_id: str) -> Path:
-    """Where Serve's HAProxy on node `node_id` listens for admin commands (Serve 2.60's layout: its
-    `RAY_SERVE_HAPROXY_SOCKET_PATH` with the node's id as a directory before the file name)."""
-    default = os.environ.get("RAY_SERVE_HAPROXY_SOCKET_PATH", "/tmp/haproxy-serve/admin.sock")
-    path = Path(default)
-    return path.parent / node_id / path.name
 
 
 def map_values(services: Services) -> dict[str, int] | None:
@@ -117,18 +105,6 @@ class RefusalCounts:
         return added
 
 
-async def admin(socket: Path, line: str) -> str:
-    """HAProxy's answer to one `line` of admin commands at `socket`."""
-    reader, writer = await asyncio.open_unix_connection(str(socket))
-    try:
-        writer.write(line.encode())
-        await writer.drain()
-        # HAProxy closes the connection after the last command.
-        return (await asyncio.wait_for(reader.read(), ANSWER_TIMEOUT_S)).decode()
-    finally:
-        writer.close()
-
-
 async def publish(socket: Path, by_map: dict[str, dict[str, int]]) -> str:
     """Writes `by_map` into the maps of the HAProxy at `socket` once; returns its answer."""
     answer = await admin(socket, prepare(socket.parent, by_map))
@@ -140,16 +116,6 @@ async def publish(socket: Path, by_map: dict[str, dict[str, int]]) -> str:
     if refused:
         raise OSError(f"HAProxy did not take the gate's maps: {refused[:300]!r}")
     return answer
-
-
-async def publish_health(socket: Path, until_ms: int) -> None:
-    """Tells the HAProxy at `socket` that the graph is green until `until_ms` (Unix time; 0: not green);
-    nothing without the gate (no health map beside the socket)."""
-    if not (socket.parent / f"{HEALTH_MAP}.map").exists():
-        return
-    answer = await admin(socket, f"set map {socket.parent / HEALTH_MAP}.map {HEALTH_KEY} {until_ms}\n")
-    if answer.strip():
-        raise OSError(f"HAProxy did not take the health stamp: {answer.strip()!r}")
 
 
 def _node_lock(gate_dir: Path) -> IO[str] | None:

@@ -1,0 +1,44 @@
+"""Serve's HAProxy admin socket: where a node's is, one line of commands sent to it, and the graph's health
+stamp. The gate's rates go through it too (`publisher.py`); the stamp is written by the graph's health app
+(`graph_health.py`): while it is green and fresh, HAProxy answers a `GET /health` itself (`haproxy.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from serve_app.ingress.gate.haproxy import HEALTH_KEY, HEALTH_MAP
+
+ANSWER_TIMEOUT_S = 5.0
+
+
+def admin_socket(node_id: str) -> Path:
+    """Where Serve's HAProxy on node `node_id` listens for admin commands (Serve 2.60's layout: its
+    `RAY_SERVE_HAPROXY_SOCKET_PATH` with the node's id as a directory before the file name)."""
+    default = os.environ.get("RAY_SERVE_HAPROXY_SOCKET_PATH", "/tmp/haproxy-serve/admin.sock")
+    path = Path(default)
+    return path.parent / node_id / path.name
+
+
+async def admin(socket: Path, line: str) -> str:
+    """HAProxy's answer to one `line` of admin commands at `socket`."""
+    reader, writer = await asyncio.open_unix_connection(str(socket))
+    try:
+        writer.write(line.encode())
+        await writer.drain()
+        # HAProxy closes the connection after the last command.
+        return (await asyncio.wait_for(reader.read(), ANSWER_TIMEOUT_S)).decode()
+    finally:
+        writer.close()
+
+
+async def publish_health(socket: Path, until_ms: int) -> None:
+    """Tells the HAProxy at `socket` that the graph is green until `until_ms` (Unix time; 0: not green);
+    nothing without the gate (no health map beside the socket)."""
+    if not (socket.parent / f"{HEALTH_MAP}.map").exists():
+        return
+    answer = await admin(socket, f"set map {socket.parent / HEALTH_MAP}.map {HEALTH_KEY} {until_ms}\n")
+    if answer.strip():
+        raise OSError(f"HAProxy did not take the health stamp: {answer.strip()!r}")
