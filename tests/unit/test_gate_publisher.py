@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.config import AdmissionConfig, AppArgs
+from serve_app.ingress.gate import publisher as publisher_module
 from serve_app.ingress.gate.haproxy import MAPS
 from serve_app.ingress.gate.publisher import (
     Publisher,
@@ -91,16 +92,24 @@ async def test_one_ingress_replica_of_a_node_publishes(tmp_path: Path, caplog: p
     assert "another ingress replica publishes" in caplog.text
 
 
-async def test_the_map_files_are_rewritten_only_when_the_rates_change(
-    tmp_path: Path, app_args: AppArgs, tokenizer_stage: TokenizerStage
+async def test_the_map_files_are_rewritten_when_the_rates_change_at_most_every_files_period(
+    tmp_path: Path, app_args: AppArgs, tokenizer_stage: TokenizerStage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    writes: list[dict[str, dict[str, int]]] = []
+    monkeypatch.setattr(publisher_module, "write_maps", lambda gate_dir, by_map: writes.append(by_map))
     (tmp_path / "wait_ns.map").touch()
-    publisher = Publisher(tmp_path / "admin.sock", [gated(app_args, tokenizer_stage)], at_root)
+    services = gated(app_args, tokenizer_stage)
+    assert services.work is not None
+    publisher = Publisher(tmp_path / "admin.sock", [services], at_root)
     await publisher.step()  # HAProxy does not answer; the files are written all the same
-    written = (tmp_path / "wait_ns.map").stat().st_mtime_ns
-    assert (tmp_path / "wait_ns.map").read_text() == f"{app_args.model.name} 4500000000\n"
+    assert writes == [entries([services])]
+    services.work.learn(10_000, 100)  # a new rate a character
     await publisher.step()
-    assert (tmp_path / "wait_ns.map").stat().st_mtime_ns == written
+    assert len(writes) == 1  # within FILES_PERIOD_S of the last write
+    monkeypatch.setattr(publisher_module, "FILES_PERIOD_S", 0.0)
+    await publisher.step()
+    await publisher.step()  # the same rates: not rewritten
+    assert writes[1:] == [entries([services])] and writes[1] != writes[0]
 
 
 async def test_an_application_under_a_route_prefix_does_not_publish(
