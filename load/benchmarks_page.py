@@ -204,8 +204,9 @@ def soak(result: dict[str, Any]) -> list[str]:
 def burst(result: dict[str, Any]) -> list[str]:
     """A `load.burst` run: simultaneous bursts, what became of each request."""
     return [
-        "## Simultaneous bursts (every request written within a few ms; refusal and first-byte times from the "
-        "request's last byte)",
+        "## Simultaneous bursts (every request written within a few ms; refusal and first-byte times as the "
+        "client's loop saw them, from the burst's first write; at arrival: from the request's own write to the "
+        "kernel's receive stamp on the answer, since stop 37)",
         "",
         load.burst.markdown(result).strip(),
         "",
