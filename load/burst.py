@@ -83,28 +83,37 @@ class Reception:
         self.sock, self.sent_wall = sock, sent_wall
         self.data = bytearray()
         self.seen = self.arrived_wall = 0.0
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future[None] = self.loop.create_future()
+        self.loop.add_reader(sock.fileno(), self._readable)
 
-    def readable(self) -> None:
-        while not self.done.done():
-            try:
-                chunk, ancillary, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(TIMESPEC.size))
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                self.done.set_exception(exc)
-                return
-            if chunk and not self.data:
-                self.seen = time.perf_counter()
-                self.arrived_wall = next(
-                    (sec + nsec / 1e9 for level, kind, raw in ancillary
-                     if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS
-                     for sec, nsec in [TIMESPEC.unpack(raw[: TIMESPEC.size])]),
-                    time.time(),
-                )  # fmt: skip
-            if not chunk:
-                self.done.set_result(None)
-            self.data += chunk
+    def _readable(self) -> None:
+        try:
+            chunk, ancillary, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(TIMESPEC.size))
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            return self._finish(exc)
+        if chunk and not self.data:
+            self.seen = time.perf_counter()
+            self.arrived_wall = next(
+                (sec + nsec / 1e9 for level, kind, raw in ancillary
+                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS
+                 for sec, nsec in [TIMESPEC.unpack(raw[: TIMESPEC.size])]),
+                time.time(),
+            )  # fmt: skip
+        self.data += chunk
+        if not chunk:
+            self._finish(None)
+
+    def _finish(self, error: OSError | None) -> None:
+        # A closed socket stays readable: left registered, it would wake this loop without end.
+        self.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        if error is None:
+            self.done.set_result(None)
+        else:
+            self.done.set_exception(error)
 
     def answer(self, sent: float) -> Answer:
         head, _, body = bytes(self.data).partition(b"\r\n\r\n")
@@ -129,22 +138,20 @@ async def burst(url: str, model: str, n: int, max_tokens: int, input_words: int,
         "model": model, "prompt": " ".join(rng.choice(WORDS) for _ in range(input_words)),
         "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
     }) for _ in range(n)]  # fmt: skip
+    address = socket.gethostbyname(host)
+    sockets = await asyncio.gather(*(connect(address, port) for _ in range(n)))
     loop = asyncio.get_running_loop()
-    sockets = await asyncio.gather(*(connect(socket.gethostbyname(host), port) for _ in range(n)))
     receptions = []
     sent = time.perf_counter()
     for sock, payload in zip(sockets, bodies, strict=True):
-        receptions.append(Reception(sock, time.time()))
+        sent_wall = time.time()
         await loop.sock_sendall(sock, payload)  # a few KB into an empty socket buffer: written at once
-        loop.add_reader(sock.fileno(), receptions[-1].readable)
+        receptions.append(Reception(sock, sent_wall))
     results = await asyncio.gather(*(r.done for r in receptions), return_exceptions=True)
-    answers: list[Answer | str] = []
-    for sock, reception, result in zip(sockets, receptions, results, strict=True):
-        loop.remove_reader(sock.fileno())
-        sock.close()
-        ok = not isinstance(result, BaseException)
-        answers.append(reception.answer(sent) if ok else f"connection ({type(result).__name__})")
-    return answers
+    return [
+        r.answer(sent) if result is None else f"connection ({type(result).__name__})"
+        for r, result in zip(receptions, results, strict=True)
+    ]
 
 
 async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, seed: int) -> dict[str, Any]:

@@ -6,8 +6,9 @@ import asyncio
 import json
 import socket
 import struct
+import time
 
-from load.burst import Answer, burst, classify, markdown, request_bytes
+from load.burst import Answer, Reception, burst, classify, markdown, request_bytes
 
 SSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {}\n\ndata: [DONE]\n\n"
 REFUSAL = b'HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\r\n{"error": {"message": "busy"}}'
@@ -72,6 +73,19 @@ async def test_a_connection_reset_is_reported_not_raised() -> None:
     async with server:
         answers = await burst(f"http://127.0.0.1:{port}", "m", 3, 1, 8, seed=0)
     assert answers == ["connection (ConnectionResetError)"] * 3
+
+
+async def test_an_answer_read_to_its_end_leaves_the_loop() -> None:
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    fd = ours.fileno()
+    reception = Reception(ours, time.time())
+    theirs.sendall(REFUSAL)
+    theirs.close()
+    await asyncio.wait_for(reception.done, 5)
+    assert reception.answer(time.perf_counter()).kind == "refused"
+    # A closed socket stays readable: still registered, it would wake the loop for as long as the burst lasts.
+    assert not asyncio.get_running_loop().remove_reader(fd) and ours.fileno() == -1
 
 
 def test_markdown_has_a_row_per_burst() -> None:
