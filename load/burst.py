@@ -5,8 +5,9 @@ connections are opened first, then every request is written in one pass (a few m
 Per request: status, whether a refusal is OpenAI JSON with Retry-After, time to the answer's first
 byte, and for a 200 stream whether it ended with `[DONE]`. A refusal's time is read twice: as this
 process sees it, from the burst's first write (its loop, busy with hundreds of connections on the
-server's cores, adds tens of ms), and at arrival, from the request's own write to the kernel's stamp on
-the answer's first bytes: the server's own time, queueing in its proxy, parsing, admission. `/health` is
+server's cores, adds tens of ms), and at arrival, from the request's own write to the kernel's receive
+stamp on the answer's first read (`Reception`): on loopback, the server's own time (queueing in its
+proxy, parsing, admission), at most a little over. `/health` is
 probed through the burst. Targets take turns, for --rounds rounds.
 
   python -m load.burst --start graph:configs/cpu-tiny.yaml@tiny-chat --start vllm:configs/cpu-tiny.yaml@tiny-chat \\
@@ -46,7 +47,8 @@ class Answer:
     kind: str  # "served", "refused" (503/429 OpenAI JSON + Retry-After) or what else it was
     first_byte_s: float  # from the burst's first write to this process seeing the answer's first byte
     done_s: float
-    arrival_s: float  # from this request's write to its answer's first byte reaching this host's kernel
+    # From this request's write to the kernel's receive stamp on the first bytes read (None: no stamp).
+    arrival_s: float | None
 
 
 def request_bytes(host: str, path: str, body: dict[str, Any]) -> bytes:
@@ -75,17 +77,28 @@ TIMESPEC = struct.Struct("qq")
 
 
 class Reception:
-    """One connection's answer, read as it comes (`Connection: close` ends it). The kernel's stamp on
-    its first bytes is when they arrived, however late this process's loop gets to them: with hundreds
-    of connections and the server on the same two cores, the loop alone adds tens of ms."""
+    """One request written and its answer read as it comes (`Connection: close` ends it). A read also
+    returns the kernel's stamp of the latest segment it took (merged segments carry the later one), so
+    the first read's stamp bounds from above when the first bytes arrived, however late this process's
+    loop gets to them: with hundreds of connections and the server on the same two cores, the loop alone
+    adds tens of ms."""
 
-    def __init__(self, sock: socket.socket, sent_wall: float) -> None:
-        self.sock, self.sent_wall = sock, sent_wall
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
         self.data = bytearray()
-        self.seen = self.arrived_wall = 0.0
+        self.sent_wall = self.seen = 0.0
+        self.arrived_wall: float | None = None
+        self.status = 0
         self.loop = asyncio.get_running_loop()
         self.done: asyncio.Future[None] = self.loop.create_future()
         self.loop.add_reader(sock.fileno(), self._readable)
+
+    async def send(self, payload: bytes) -> None:
+        self.sent_wall = time.time()
+        try:
+            await self.loop.sock_sendall(self.sock, payload)  # a few KB into an empty buffer: at once
+        except OSError as exc:
+            self._finish(exc)
 
     def _readable(self) -> None:
         try:
@@ -100,33 +113,57 @@ class Reception:
                 (sec + nsec / 1e9 for level, kind, raw in ancillary
                  if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS
                  for sec, nsec in [TIMESPEC.unpack(raw[: TIMESPEC.size])]),
-                time.time(),
+                None,
             )  # fmt: skip
         self.data += chunk
-        if not chunk:
-            self._finish(None)
+        if chunk:
+            return
+        status = self.data.split(b" ", 2)[1] if self.data.startswith(b"HTTP/") else b""
+        if not status.isdigit():
+            return self._finish(ConnectionError(f"no HTTP answer: {bytes(self.data[:40])!r}"))
+        self.status = int(status)
+        self._finish(None)
 
-    def _finish(self, error: OSError | None) -> None:
+    def _stop(self) -> None:
         # A closed socket stays readable: left registered, it would wake this loop without end.
         self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
+
+    def _finish(self, error: Exception | None) -> None:
+        if self.done.done():  # a failed write after the answer ended, or the other way round
+            return
+        self._stop()
         if error is None:
             self.done.set_result(None)
         else:
             self.done.set_exception(error)
 
-    def answer(self, sent: float) -> Answer:
+    def abandon(self) -> None:
+        """Stops reading an answer that has not ended (the burst was cancelled)."""
+        if not self.done.done():
+            self._stop()
+            self.done.cancel()
+
+    def result(self, sent: float) -> Answer | str:
+        """The answer, or what became of the connection; `sent`: the burst's first write (perf_counter)."""
+        error = self.done.exception()
+        if error is not None:
+            return f"connection ({type(error).__name__})"
         head, _, body = bytes(self.data).partition(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        return Answer(status, classify(status, head + b"\r\n\r\n", body), self.seen - sent,
-                      time.perf_counter() - sent, self.arrived_wall - self.sent_wall)  # fmt: skip
+        arrival = None if self.arrived_wall is None else self.arrived_wall - self.sent_wall
+        return Answer(self.status, classify(self.status, head + b"\r\n\r\n", body), self.seen - sent,
+                      time.perf_counter() - sent, arrival)  # fmt: skip
 
 
-async def connect(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setblocking(False)
-    sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-    await asyncio.get_running_loop().sock_connect(sock, (host, port))
+async def connect(family: int, address: Any) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        await asyncio.get_running_loop().sock_connect(sock, address)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
@@ -138,20 +175,22 @@ async def burst(url: str, model: str, n: int, max_tokens: int, input_words: int,
         "model": model, "prompt": " ".join(rng.choice(WORDS) for _ in range(input_words)),
         "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
     }) for _ in range(n)]  # fmt: skip
-    address = socket.gethostbyname(host)
-    sockets = await asyncio.gather(*(connect(address, port) for _ in range(n)))
     loop = asyncio.get_running_loop()
-    receptions = []
-    sent = time.perf_counter()
-    for sock, payload in zip(sockets, bodies, strict=True):
-        sent_wall = time.time()
-        await loop.sock_sendall(sock, payload)  # a few KB into an empty socket buffer: written at once
-        receptions.append(Reception(sock, sent_wall))
-    results = await asyncio.gather(*(r.done for r in receptions), return_exceptions=True)
-    return [
-        r.answer(sent) if result is None else f"connection ({type(result).__name__})"
-        for r, result in zip(receptions, results, strict=True)
-    ]
+    family, _, _, _, address = (await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))[0]
+    connected = await asyncio.gather(*(connect(family, address) for _ in range(n)), return_exceptions=True)
+    receptions = {i: Reception(c) for i, c in enumerate(connected) if isinstance(c, socket.socket)}
+    try:
+        sent = time.perf_counter()
+        for i, reception in receptions.items():
+            await reception.send(bodies[i])
+        await asyncio.gather(*(r.done for r in receptions.values()), return_exceptions=True)
+        return [
+            receptions[i].result(sent) if i in receptions else f"connection ({type(c).__name__})"
+            for i, c in enumerate(connected)
+        ]
+    finally:
+        for reception in receptions.values():
+            reception.abandon()
 
 
 async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, seed: int) -> dict[str, Any]:
@@ -169,7 +208,7 @@ async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, s
         "max_tokens": max_tokens,
         "outcomes": dict(kinds),
         "refusal_ms": summary_ms([a.first_byte_s for a in ok if a.kind == "refused"]),
-        "refusal_arrival_ms": summary_ms([a.arrival_s for a in ok if a.kind == "refused"]),
+        "refusal_arrival_ms": summary_ms([a.arrival_s for a in ok if a.kind == "refused" and a.arrival_s is not None]),
         "served_first_byte_ms": summary_ms([a.first_byte_s for a in ok if a.kind == "served"]),
         "served_done_ms": summary_ms([a.done_s for a in ok if a.kind == "served"]),
         "wall_s": wall,

@@ -137,9 +137,9 @@ class GraphHealthApp:
                     logger.warning("the health stamp failed (this app answers /health until it works): %r", exc)
                 self._stamp_failing = True
                 return
-        if self._stamp_failing:
-            logger.info("the health stamp works again")
-        self._stamp_failing = False
+            if self._stamp_failing:
+                logger.info("the health stamp works again")
+            self._stamp_failing = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
