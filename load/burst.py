@@ -7,8 +7,8 @@ byte, and for a 200 stream whether it ended with `[DONE]`. A refusal's time is r
 process sees it, from the burst's first write (its loop, busy with hundreds of connections on the
 server's cores, adds tens of ms), and at arrival, from the request's own write to the kernel's receive
 stamp on the answer's first read (`Reception`): on loopback, the server's own time (queueing in its
-proxy, parsing, admission), at most a little over. `/health` is
-probed through the burst. Targets take turns, for --rounds rounds.
+proxy, parsing, admission), at most a little over. `/health` is probed through the burst. Targets take
+turns, for --rounds rounds.
 
   python -m load.burst --start graph:configs/cpu-tiny.yaml@tiny-chat --start vllm:configs/cpu-tiny.yaml@tiny-chat \\
       --requests 400 --max-tokens 256 --requests 200 --max-tokens 1 --out results/burst.json
