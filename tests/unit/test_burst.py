@@ -7,12 +7,22 @@ import json
 import socket
 import struct
 import time
+from collections.abc import Awaitable, Callable
 
 from load.burst import Answer, Reception, burst, classify, connect, markdown, request_bytes
 
 SSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {}\n\ndata: [DONE]\n\n"
 REFUSAL = b'HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\r\n{"error": {"message": "busy"}}'
 PLAIN = b"HTTP/1.1 503 Service Unavailable\r\n\r\nRequest dropped due to backpressure"
+Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def burst_against(serve: Serve, n: int) -> list[Answer | str]:
+    """A burst of `n` one-token requests against a local server whose connections `serve` handles."""
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        return await burst(f"http://127.0.0.1:{port}", "m", n, 1, 8, seed=0)
 
 
 def test_classify() -> None:
@@ -49,10 +59,7 @@ async def test_a_burst_gets_every_answer() -> None:
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    async with server:
-        answers = await burst(f"http://127.0.0.1:{port}", "m", 30, 1, 8, seed=0)
+    answers = await burst_against(serve, 30)
     kinds = sorted(a.kind for a in answers if isinstance(a, Answer))
     assert kinds.count("served") == kinds.count("refused") == 10
     assert kinds.count("HTTP 503 (not OpenAI JSON + Retry-After)") == 10
@@ -67,10 +74,7 @@ async def test_a_connection_reset_is_reported_not_raised() -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
         writer.transport.abort()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    async with server:
-        answers = await burst(f"http://127.0.0.1:{port}", "m", 3, 1, 8, seed=0)
+    answers = await burst_against(serve, 3)
     assert answers == ["connection (ConnectionResetError)"] * 3
 
 
@@ -110,10 +114,7 @@ async def test_a_connection_closed_without_an_answer_is_reported_not_raised() ->
         await reader.readuntil(b"\r\n\r\n")
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    async with server:
-        answers = await burst(f"http://127.0.0.1:{port}", "m", 3, 1, 8, seed=0)
+    answers = await burst_against(serve, 3)
     assert answers == ["connection (ConnectionError)"] * 3
 
 

@@ -5,10 +5,10 @@ many requests the gate refused, into the model's `serve_graph_rejections_total{s
 
 It also writes the map files, so that a reload of HAProxy (Serve reloads it when replicas come and go)
 starts from rates at most `FILES_PERIOD_S` old rather than from none (the next second's publishing
-brings it up to date).
-With several ingress replicas on a node one of them publishes (a lock on the gate's directory), so
-refusals are counted once; only the application at route `/` publishes. Without the gate (HAProxy not
-started through `serve-graph-haproxy`: no map files beside the socket) nothing is written.
+brings it up to date). With several ingress replicas on a node one of them publishes (a lock on the
+gate's directory), so refusals are counted once; only the application at route `/` publishes. Without
+the gate (HAProxy not started through `serve-graph-haproxy`: no map files beside the socket) nothing is
+written.
 """
 
 from __future__ import annotations
