@@ -46,7 +46,7 @@ class Answer:
     status: int
     kind: str  # "served", "refused" (503/429 OpenAI JSON + Retry-After) or what else it was
     first_byte_s: float  # from the burst's first write to this process seeing the answer's first byte
-    done_s: float
+    done_s: float  # from the burst's first write to this process seeing the answer end
     # From this request's write to the kernel's receive stamp on the first bytes read (None: no stamp).
     arrival_s: float | None
 
@@ -86,7 +86,7 @@ class Reception:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.data = bytearray()
-        self.sent_wall = self.seen = 0.0
+        self.sent_wall = self.seen = self.ended = 0.0
         self.arrived_wall: float | None = None
         self.status = 0
         self.loop = asyncio.get_running_loop()
@@ -132,6 +132,7 @@ class Reception:
     def _finish(self, error: Exception | None) -> None:
         if self.done.done():  # a failed write after the answer ended, or the other way round
             return
+        self.ended = time.perf_counter()
         self._stop()
         if error is None:
             self.done.set_result(None)
@@ -152,7 +153,7 @@ class Reception:
         head, _, body = bytes(self.data).partition(b"\r\n\r\n")
         arrival = None if self.arrived_wall is None else self.arrived_wall - self.sent_wall
         return Answer(self.status, classify(self.status, head + b"\r\n\r\n", body), self.seen - sent,
-                      time.perf_counter() - sent, arrival)  # fmt: skip
+                      self.ended - sent, arrival)  # fmt: skip
 
 
 async def connect(family: int, address: Any) -> socket.socket:

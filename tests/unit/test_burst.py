@@ -65,6 +65,9 @@ async def test_a_burst_gets_every_answer() -> None:
     assert kinds.count("HTTP 503 (not OpenAI JSON + Retry-After)") == 10
     arrivals = sorted(a.arrival_s or 0 for a in answers if isinstance(a, Answer))
     assert arrivals[0] > 0 and arrivals[-2] < 0.4 < 0.5 <= arrivals[-1] < 2
+    # Each answer's end is its own, not the burst's: only the late one ends after 0.4 s.
+    ends = sorted(a.done_s for a in answers if isinstance(a, Answer))
+    assert ends[-2] < 0.4 < 0.5 <= ends[-1]
 
 
 async def test_a_connection_reset_is_reported_not_raised() -> None:
