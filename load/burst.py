@@ -221,20 +221,21 @@ def markdown(result: dict[str, Any]) -> str:
     """One row per burst: what became of its requests, how fast refusals came, `/health` meanwhile (ms)."""
     lines = [
         "| target | round | requests x max_tokens | served | refused (JSON + Retry-After) | other | "
-        "refusal p50 | p99 | max | at arrival p50 | p99 | max | served first byte p50 | p99 | /health p99 | max |",
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "refusal p50 | p99 | max | at arrival p50 | p99 | max | served first byte p50 | p99 | served done max | "
+        "/health p99 | max |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         outcomes = dict(row["outcomes"])
         served, refused = outcomes.pop("served", 0), outcomes.pop("refused", 0)
         other = ", ".join(f"{n} {kind}" for kind, n in outcomes.items()) or "0"
-        r, f, h = row["refusal_ms"], row["served_first_byte_ms"], row["health"]
+        r, f, d, h = row["refusal_ms"], row["served_first_byte_ms"], row["served_done_ms"], row["health"]
         a = row.get("refusal_arrival_ms")  # results before stop 37 have none
         arrival = f"{a['p50']:.0f} | {a['p99']:.0f} | {a['max']:.0f}" if a else "- | - | -"
         lines.append(
             f"| {row['target']} | {row['round']} | {row['requests']} x {row['max_tokens']} | {served} | {refused} "
             f"| {other} | {r['p50']:.0f} | {r['p99']:.0f} | {r['max']:.0f} | {arrival} "
-            f"| {f['p50']:.0f} | {f['p99']:.0f} "
+            f"| {f['p50']:.0f} | {f['p99']:.0f} | {d['max']:.0f} "
             f"| {h['p99']:.1f} | {h['max']:.1f} |"
         )
     return "\n".join(lines) + "\n"

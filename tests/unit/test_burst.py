@@ -132,4 +132,6 @@ def test_markdown_has_a_row_per_burst() -> None:
     lines = table.splitlines()
     assert len(lines) == 4
     assert lines[2].startswith("| graph | 0 | 400 x 256 | 64 | 330 | 6 HTTP 500 | 1 | 2 | 3 | 0 | 1 | 1 |")
+    # The last served answer's end: the one done time that results from before each answer's own are right in.
+    assert lines[2].endswith("| 1 | 2 | 3 | 2.0 | 3.0 |")
     assert lines[3].startswith("| vllm | 0 | 400 x 256 | 400 | 0 | 0 | 1 | 2 | 3 | - | - | - |")
