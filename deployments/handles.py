@@ -142,8 +142,15 @@ class _UnaryHandle:
 
     async def check_health(self) -> None:
         # The deployment's `check_health`, the one Serve itself polls: a stage that answers is healthy.
-        if not self.progress.shows_alive():
+        if self.progress.shows_alive():
+            return
+        try:
             await self._call("check_health")
+        except OverloadedError as exc:
+            # Queues full means replicas up and working, not dead (as for the llm stage): a stage whose
+            # calls each take over a second (image fetches, long audio) would otherwise turn red when busy.
+            if exc.reason != "stage_full":
+                raise
 
 
 class HandleTokenizer(_UnaryHandle):

@@ -147,6 +147,8 @@ class Reception:
 
     def result(self, sent: float) -> Answer | str:
         """The answer, or what became of the connection; `sent`: the burst's first write (perf_counter)."""
+        if self.done.cancelled():
+            return "no answer in time"
         error = self.done.exception()
         if error is not None:
             return f"connection ({type(error).__name__})"
@@ -168,7 +170,9 @@ async def connect(family: int, address: Any) -> socket.socket:
     return sock
 
 
-async def burst(url: str, model: str, n: int, max_tokens: int, input_words: int, seed: int) -> list[Answer | str]:
+async def burst(
+    url: str, model: str, n: int, max_tokens: int, input_words: int, seed: int, timeout_s: float = 600.0
+) -> list[Answer | str]:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     rng = random.Random(seed)
@@ -184,7 +188,10 @@ async def burst(url: str, model: str, n: int, max_tokens: int, input_words: int,
         sent = time.perf_counter()
         for i, reception in receptions.items():
             await reception.send(bodies[i])
-        await asyncio.gather(*(r.done for r in receptions.values()), return_exceptions=True)
+        if receptions:
+            await asyncio.wait([r.done for r in receptions.values()], timeout=timeout_s)
+        for reception in receptions.values():
+            reception.abandon()  # a connection the server keeps open must not hang the run
         return [
             receptions[i].result(sent) if i in receptions else f"connection ({type(c).__name__})"
             for i, c in enumerate(connected)
@@ -199,7 +206,7 @@ async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, s
         model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
     with ProbeProcess(url, 0.05) as health:  # the burst's 400 connections stall this process's loop
         started = time.perf_counter()
-        answers = await burst(url, model, n, max_tokens, opts.input_words, seed)
+        answers = await burst(url, model, n, max_tokens, opts.input_words, seed, opts.timeout)
         wall = time.perf_counter() - started
         samples = health.stop()
     kinds = Counter(a.kind if isinstance(a, Answer) else a for a in answers)
@@ -251,6 +258,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--input-words", type=int, default=256)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--pause", type=float, default=10.0, help="seconds between bursts, for the server to drain")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a burst waits for its last answer")
     p.add_argument("--label", default="")
     p.add_argument("--out", type=Path)
     opts = p.parse_args(argv)
@@ -260,14 +268,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 async def run(urls: dict[str, str], opts: argparse.Namespace) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
+    scenarios = list(zip(opts.requests, opts.max_tokens, strict=True))
     for round_ in range(opts.rounds):
-        for n, max_tokens in zip(opts.requests, opts.max_tokens, strict=True):
+        for i, (n, max_tokens) in enumerate(scenarios):
+            # Prompts of their own for each burst (the same for every target): a burst that repeated an
+            # earlier one's would find them in the engine's prefix cache and look cheaper than it is.
+            seed = round_ * len(scenarios) + i
             for name, url in urls.items():
-                row = {"target": name, "round": round_, **await measure(url, n, max_tokens, opts, round_)}
+                if rows:
+                    await asyncio.sleep(opts.pause)
+                row = {"target": name, "round": round_, **await measure(url, n, max_tokens, opts, seed)}
                 print(json.dumps(row), flush=True)
                 rows.append(row)
-                await asyncio.sleep(opts.pause)
     return rows
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -35,9 +36,11 @@ async def measure(
     )
     if model is None:
         model = (await client.models.list()).data[0].id
-    prompt = " ".join(WORDS[i % len(WORDS)] for i in range(words))
+    # A prompt of its own for each request, the same for every target: one prompt repeated would be
+    # prefilled once and then found in the engine's prefix cache.
+    prompts = [" ".join(random.Random(i).choices(WORDS, k=words)) for i in range(n)]
 
-    async def one() -> tuple[str, float]:
+    async def one(prompt: str) -> tuple[str, float]:
         start = time.perf_counter()
         try:
             await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens)
@@ -49,10 +52,12 @@ async def measure(
         return outcome, time.perf_counter() - start
 
     start = time.perf_counter()
-    results = await asyncio.gather(*(one() for _ in range(n)))
+    try:
+        results = await asyncio.gather(*(one(p) for p in prompts))
+    finally:
+        if http_client is None:  # a client given (tests: the in-process app) is its owner's to close
+            await client.close()
     wall = time.perf_counter() - start
-    if http_client is None:  # a client given (tests: the in-process app) is its owner's to close
-        await client.close()
     return {
         "model": model,
         "requests": n,

@@ -8,8 +8,12 @@ import socket
 import struct
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from load.burst import Answer, Reception, burst, classify, connect, markdown, request_bytes
+import pytest
+
+from load import burst as burst_module
+from load.burst import Answer, Reception, burst, classify, connect, markdown, parse_args, request_bytes, run
 
 SSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {}\n\ndata: [DONE]\n\n"
 REFUSAL = b'HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\r\n{"error": {"message": "busy"}}'
@@ -17,12 +21,12 @@ PLAIN = b"HTTP/1.1 503 Service Unavailable\r\n\r\nRequest dropped due to backpre
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-async def burst_against(serve: Serve, n: int) -> list[Answer | str]:
+async def burst_against(serve: Serve, n: int, timeout_s: float = 60.0) -> list[Answer | str]:
     """A burst of `n` one-token requests against a local server whose connections `serve` handles."""
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     async with server:
-        return await burst(f"http://127.0.0.1:{port}", "m", n, 1, 8, seed=0)
+        return await burst(f"http://127.0.0.1:{port}", "m", n, 1, 8, seed=0, timeout_s=timeout_s)
 
 
 def test_classify() -> None:
@@ -119,6 +123,38 @@ async def test_a_connection_closed_without_an_answer_is_reported_not_raised() ->
 
     answers = await burst_against(serve, 3)
     assert answers == ["connection (ConnectionError)"] * 3
+
+
+async def test_an_answer_that_never_comes_is_reported_after_the_timeout() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await asyncio.sleep(30)  # holds the connection open, answering nothing
+
+    answers = await asyncio.wait_for(burst_against(serve, 3, timeout_s=0.3), 10)
+    assert answers == ["no answer in time"] * 3
+
+
+async def test_each_burst_of_a_round_has_prompts_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    seeds: list[tuple[str, int, int]] = []
+
+    async def measure(url: str, n: int, max_tokens: int, opts: Any, seed: int) -> dict[str, Any]:
+        seeds.append((url, n, seed))
+        return {}
+
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    monkeypatch.setattr(burst_module, "measure", measure)
+    monkeypatch.setattr(burst_module.asyncio, "sleep", sleep)
+    opts = parse_args(["--requests", "400", "--max-tokens", "256", "--requests", "200", "--max-tokens", "1",
+                       "--rounds", "2", "--pause", "5"])  # fmt: skip
+    await run({"a": "A", "b": "B"}, opts)
+    # The same prompts for every target, never the same for two bursts (the engine's prefix cache).
+    assert seeds == [("A", 400, 0), ("B", 400, 0), ("A", 200, 1), ("B", 200, 1),
+                     ("A", 400, 2), ("B", 400, 2), ("A", 200, 3), ("B", 200, 3)]  # fmt: skip
+    assert sleeps == [5.0] * 7  # between bursts, not after the last
 
 
 def test_markdown_has_a_row_per_burst() -> None:

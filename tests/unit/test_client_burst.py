@@ -7,15 +7,18 @@ import httpx
 from load.client_burst import markdown, measure
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.services import Services
+from tests.unit.conftest import FakeLLM
 
 
-async def test_every_request_of_a_burst_is_counted_by_outcome(services: Services) -> None:
+async def test_every_request_of_a_burst_is_counted_by_outcome(services: Services, fake_llm: FakeLLM) -> None:
     transport = httpx.ASGITransport(app=create_app(services))
     async with httpx.AsyncClient(transport=transport) as http:
         row = await measure("http://graph", None, n=12, max_tokens=1, words=8, http_client=http)
         refused = await measure("http://graph", "no-such-model", n=3, max_tokens=1, words=8, http_client=http)
     assert row["model"] == "tiny-chat" and row["outcomes"] == {"ok": 12} and row["latency_ms"]["n"] == 12
     assert refused["outcomes"] == {"http_404": 3}
+    # Each request a prompt of its own: a repeated one would come from the engine's prefix cache.
+    assert len({tuple(r.prompt_token_ids) for r in fake_llm.requests}) == 12
 
 
 def test_the_page_shows_each_targets_outcomes() -> None:

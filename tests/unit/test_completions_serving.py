@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
-from serve_app.errors import BadRequestError
+from serve_app.errors import BadRequestError, StageUnavailableError
+from serve_app.ingress.completions.protocol import CompletionRequest
+from serve_app.ingress.completions.serving import create_completion
 
 COMPLETIONS = "/v1/completions"
 
@@ -129,3 +132,17 @@ def test_llm_rejection_of_one_prompt(client: TestClient, fake_llm: Any) -> None:
     response = client.post(COMPLETIONS, json={"prompt": ["a", "b"], "max_tokens": 1})
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "n"
+
+
+async def test_a_failed_echo_closes_the_started_streams(services: Any, fake_llm: Any) -> None:
+    async def lost(token_ids: list[int]) -> str:
+        raise StageUnavailableError("The tokenizer stage failed during the request.", code="stage_unavailable")
+
+    services.tokenizer.detokenize = lost
+    request = CompletionRequest(model="tiny-chat", prompt=["a", "b"], echo=True, max_tokens=2)
+    # The raised error's traceback keeps the request's frame, and so its streams, alive: they must have
+    # been closed by the code, not by the garbage collector.
+    with pytest.raises(StageUnavailableError):
+        await create_completion(services, request)
+    assert len(fake_llm.requests) == 2
+    assert sorted(fake_llm.closed) == sorted(r.request_id for r in fake_llm.requests)

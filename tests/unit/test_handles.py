@@ -20,7 +20,7 @@ from deployments.tokenizer import Tokenizer
 from serve_app.config import AppArgs
 from serve_app.errors import OverloadedError, PayloadTooLargeError, StageUnavailableError
 from serve_app.ingress.pipeline.clients import LLMClient
-from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
+from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest, VocodeRequest
 
 
 class FailingHandle:
@@ -94,12 +94,13 @@ async def test_a_lost_replica_is_a_503_naming_the_stage_and_is_reported(error: B
     assert lost == [("tokenizer", f"replica lost mid-call: {type(error).__name__}")]
 
 
-async def test_backpressure_is_not_a_lost_replica() -> None:
+async def test_a_full_stage_is_alive_not_lost() -> None:
     lost: list[tuple[str, str]] = []
     vocoder = HandleVocoder(FailingHandle(BackPressureError(num_queued_requests=1, max_queued_requests=1)),  # type: ignore[arg-type]
                             lambda stage, detail: lost.append((stage, detail)))  # fmt: skip
-    with pytest.raises(OverloadedError):
-        await vocoder.check_health()
+    await vocoder.check_health()  # its queues are full: its replicas are up and working
+    with pytest.raises(OverloadedError):  # a request is refused, though
+        await vocoder.decode(VocodeRequest([[0] * 7], 0, None))
     assert lost == []
 
 

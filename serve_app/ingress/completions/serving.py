@@ -57,22 +57,28 @@ async def create_completion(services: Services, request: CompletionRequest, dead
     request_id = new_request_id("cmpl")
     start = time.perf_counter()
     streams = await _start_all(services, request, prompts, request_id, deadline)
-    echoes = await _echo_texts(services, request, streams)
+    try:
+        echoes = await _echo_texts(services, request, streams)
+    except BaseException:
+        await _close_all(streams)  # past the deadline, or the tokenizer stage lost: the engine stops too
+        raise
     headers = timing_headers(streams[0].timings)
     if request.stream:
         events = _events(request, streams, echoes, model, request_id)
 
         async def close() -> None:
             await events.aclose()  # first: its merge stops reading the streams
-            for stream in streams:
-                await stream.close()  # gives the work back also when the events never started
+            await _close_all(streams)  # gives the work back also when the events never started
 
         return ClosingStreamingResponse(sse.encode(events), close, media_type="text/event-stream", headers=headers)
     n = request.n
     choices = [ChoiceState() for _ in range(n * len(streams))]
-    async for p, chunk in merge([s.chunks() for s in streams]):
-        for delta in chunk.deltas:
-            choices[p * n + delta.index].add(delta)
+    try:
+        async for p, chunk in merge([s.chunks() for s in streams]):
+            for delta in chunk.deltas:
+                choices[p * n + delta.index].add(delta)
+    finally:
+        await _close_all(streams)  # one prompt's failure (or a disconnect) stops the others' generation
     headers = timing_headers({**streams[0].timings, "total": time.perf_counter() - start})
     completion_tokens = sum(c.num_tokens for c in choices)
     body = {
@@ -117,9 +123,13 @@ async def _start_all(
     failure = next((r for r in results if isinstance(r, BaseException)), None)
     if failure is not None:
         # One bad prompt fails the request; the engine work of the good ones is cancelled.
-        await asyncio.gather(*(s.rest.aclose() for s in streams if hasattr(s.rest, "aclose")))
+        await _close_all(streams)
         raise failure
     return streams
+
+
+async def _close_all(streams: list[Stream]) -> None:
+    await asyncio.gather(*(s.close() for s in streams))
 
 
 async def _echo_texts(services: Services, request: CompletionRequest, streams: list[Stream]) -> list[str]:
