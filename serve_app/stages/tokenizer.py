@@ -275,7 +275,7 @@ class TokenizerStage:
 
     def _check_length(self, n: int, request: TokenizeRequest) -> int:
         if n == 0:
-            raise BadRequestError("The prompt is empty.", param="prompt")
+            raise BadRequestError("The prompt is empty.", param=request.prompt_param)
         if n >= self.max_model_len:
             raise BadRequestError.context_length_exceeded(self.max_model_len, str(n), request.prompt_param)
         room = self.max_model_len - n

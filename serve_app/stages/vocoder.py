@@ -24,10 +24,6 @@ class VocoderStage:
         self._decoder = decoder
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="vocoder")
 
-    @classmethod
-    def from_path(cls, path: str, threads: int = 1) -> VocoderStage:
-        return cls(SnacDecoder(path, threads))
-
     @staticmethod
     def parts(args: AppArgs) -> tuple[CodecDecoder]:
         """The constructor's arguments for `args`."""

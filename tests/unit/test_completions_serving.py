@@ -134,11 +134,13 @@ def test_llm_rejection_of_one_prompt(client: TestClient, fake_llm: Any) -> None:
     assert response.json()["error"]["param"] == "n"
 
 
-async def test_a_failed_echo_closes_the_started_streams(services: Any, fake_llm: Any) -> None:
+async def test_a_failed_echo_closes_the_started_streams(
+    services: Any, fake_llm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def lost(token_ids: list[int]) -> str:
         raise StageUnavailableError("The tokenizer stage failed during the request.", code="stage_unavailable")
 
-    services.tokenizer.detokenize = lost
+    monkeypatch.setattr(services.tokenizer, "detokenize", lost)  # the tokenizer stage is the session's
     request = CompletionRequest(model="tiny-chat", prompt=["a", "b"], echo=True, max_tokens=2)
     # The raised error's traceback keeps the request's frame, and so its streams, alive: they must have
     # been closed by the code, not by the garbage collector.

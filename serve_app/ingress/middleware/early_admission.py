@@ -155,6 +155,8 @@ class EarlyAdmission:
         weight = weigh(path, body)
         if services is None or services.work is None or weight is None:
             return None
+        if weight.n > services.args.limits.max_n:
+            return None  # the route's 400 names `n`; weighed here, it could be refused as an overload
         deadline_s = _deadline_s(services.args.limits, scope)
         if deadline_s is not None and deadline_s <= 0:
             return None  # a passed deadline is the route's 504, not an overload

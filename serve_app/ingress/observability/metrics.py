@@ -42,7 +42,8 @@ class IngressMetrics:
         self.rejections = Counter(
             "serve_graph_rejections",
             "Requests refused or ended early, by the stage that was full or late and the reason: stage_full "
-            "(Serve queue limit), engine_queue_full, max_streams (speech), deadline.",
+            "(Serve queue limit), engine_queue_full, max_streams (speech), ingress_full (admission.max_in_flight), "
+            "expected_wait (admission by work; stage `gate`: refused by HAProxy), deadline.",
             ["stage", "reason"], registry=self.registry,
         )  # fmt: skip
         self.ttft = Histogram(
