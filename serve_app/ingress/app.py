@@ -38,7 +38,7 @@ from serve_app.ingress.middleware.body_limit import BodySizeLimit
 from serve_app.ingress.middleware.early_admission import EarlyAdmission
 from serve_app.ingress.middleware.paths import KNOWN_PATHS, route_path
 from serve_app.ingress.observability.metrics import IngressMetrics
-from serve_app.ingress.pipeline.deadline import Deadline, request_deadline
+from serve_app.ingress.pipeline.deadline import Deadline, arrival, request_deadline, stamp_arrival
 from serve_app.ingress.pipeline.router import Capability, ModelRouter, capabilities
 from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
@@ -86,6 +86,7 @@ class _RequestMetrics:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        stamp_arrival(scope)
         path = route_path(scope)
         endpoint = path if path in KNOWN_PATHS else "other"
         status = "disconnected"
@@ -178,10 +179,10 @@ def create_app(graph: ModelRouter | Services) -> FastAPI:
             error = OpenAIError(f"Internal error: {type(exc).__name__}")
         return render(error, routed(request))
 
-    def deadline_of(services: Services, header: str | None) -> Deadline | None:
+    def deadline_of(http: Request, services: Services, header: str | None) -> Deadline | None:
         # Each model's own `limits:`; called in the route, once the body names the model (no dependency:
         # a plain `def` one would cost every request a hop to the thread pool).
-        return request_deadline(services.args.limits, header)
+        return request_deadline(services.args.limits, header, arrival(http.scope))
 
     @app.get("/health", responses={503: {"description": "A stage failed its last check (same body)."}})
     async def health() -> Response:
@@ -208,21 +209,21 @@ def create_app(graph: ModelRouter | Services) -> FastAPI:
         http: Request, request: ChatCompletionRequest, x_request_timeout: Annotated[str | None, Header()] = None
     ) -> Any:
         services = pick(http, request.model)
-        return await create_chat_completion(services, request, deadline_of(services, x_request_timeout))
+        return await create_chat_completion(services, request, deadline_of(http, services, x_request_timeout))
 
     @app.post("/v1/completions", responses=_STREAMING)
     async def completions(
         http: Request, request: CompletionRequest, x_request_timeout: Annotated[str | None, Header()] = None
     ) -> Any:
         services = pick(http, request.model)
-        return await create_completion(services, request, deadline_of(services, x_request_timeout))
+        return await create_completion(services, request, deadline_of(http, services, x_request_timeout))
 
     @app.post("/v1/audio/speech", responses=_ERRORS, response_class=Response)
     async def speech(
         http: Request, request: SpeechRequest, x_request_timeout: Annotated[str | None, Header()] = None
     ) -> Response:
         services = pick(http, request.model, "speech")
-        return await create_speech(services, request, deadline_of(services, x_request_timeout))
+        return await create_speech(services, request, deadline_of(http, services, x_request_timeout))
 
     @app.get("/v1/audio/voices", response_model=VoiceList, responses=_ERRORS)
     async def voices(

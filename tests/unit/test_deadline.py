@@ -4,8 +4,9 @@ and the ingress giving up at the deadline (504 JSON, or an SSE error event once 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -56,6 +57,28 @@ def test_the_header_is_capped_by_the_config() -> None:
     short, capped = request_deadline(limits, "0.5"), request_deadline(limits, "1e6")
     assert short is not None and 0 < short.remaining() <= 0.5
     assert capped is not None and 59 < capped.remaining() <= 60
+
+
+def test_a_deadline_counts_from_the_given_start() -> None:
+    deadline = request_deadline(LimitsConfig(max_request_timeout_s=60), "2.5", start=1000.0)
+    assert deadline == Deadline(1002.5)
+
+
+def test_the_deadline_counts_from_the_requests_arrival(client: TestClient, fake_llm: FakeLLM) -> None:
+    raw = json.dumps(CHAT).encode()
+
+    def slow_body() -> Iterator[bytes]:
+        yield raw[:10]
+        time.sleep(0.5)  # the body still coming in: the route's own clock reads after it
+        yield raw[10:]
+
+    sent = time.time()
+    response = client.post(
+        "/v1/chat/completions", content=slow_body(), headers={HEADER: "600", "Content-Type": "application/json"}
+    )
+    assert response.status_code == 200
+    [request] = fake_llm.requests
+    assert request.deadline is not None and sent <= request.deadline - 600 < sent + 0.4
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", ""])

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from serve_app.config import LimitsConfig
 from serve_app.errors import BadRequestError, OpenAIError, OverloadedError
 from serve_app.ingress.middleware.paths import route_path
-from serve_app.ingress.pipeline.deadline import HEADER, request_deadline
+from serve_app.ingress.pipeline.deadline import HEADER, arrival, request_deadline
 from serve_app.ingress.pipeline.inline_tokenizer import content_chars
 from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.pipeline.work_admission import WorkTicket, admit_prompt
@@ -173,7 +173,7 @@ class EarlyAdmission:
 def _deadline_s(limits: LimitsConfig, scope: Scope) -> float | None:
     header = next((v for k, v in scope["headers"] if k == _TIMEOUT_HEADER), None)
     try:
-        deadline = request_deadline(limits, None if header is None else header.decode("latin-1"))
+        deadline = request_deadline(limits, None if header is None else header.decode("latin-1"), arrival(scope))
     except OpenAIError:
         return 0.0  # a bad header: the route answers its 400
     return None if deadline is None else deadline.remaining()

@@ -1,10 +1,13 @@
 """Request deadlines at the ingress.
 
 A generation request's deadline comes from its `X-Request-Timeout` header (seconds, capped at
-`limits.max_request_timeout_s`) or else `limits.request_timeout_s`. It travels to every stage as an
-absolute wall-clock time in the messages, so a stage refuses work whose deadline passed while it
-queued; and the ingress stops waiting at the deadline: leaving a handle call cancels it, and Ray Serve
-cancels the call in the replica (the engine aborts a generation whose generator is closed).
+`limits.max_request_timeout_s`) or else `limits.request_timeout_s`, counted from the request's arrival
+in the ingress app (`stamp_arrival`, by its outermost middleware): early admission weighs a request
+against the deadline the route then enforces, and the time a burst takes to read and parse its bodies
+counts. It travels to every stage as an absolute wall-clock time in the messages, so a stage refuses
+work whose deadline passed while it queued; and the ingress stops waiting at the deadline: leaving a
+handle call cancels it, and Ray Serve cancels the call in the replica (the engine aborts a generation
+whose generator is closed).
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from prometheus_client import Counter
+from starlette.types import Scope
 
 from serve_app.config import LimitsConfig
 from serve_app.errors import BadRequestError, DeadlineExceededError, find_openai_error
 
 HEADER = "X-Request-Timeout"
+_ARRIVED = "serve_graph_arrived_at"  # in the ASGI scope's `state`, which Starlette's `request.state` reads
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,8 @@ class Deadline:
     at: float
 
     @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(time.time() + seconds)
+    def after(cls, seconds: float, start: float | None = None) -> Deadline:
+        return cls((time.time() if start is None else start) + seconds)
 
     def remaining(self) -> float:
         return self.at - time.time()
@@ -42,10 +47,21 @@ def deadline_at(deadline: Deadline | None) -> float | None:
     return None if deadline is None else deadline.at
 
 
-def request_deadline(limits: LimitsConfig, header: str | None) -> Deadline | None:
-    """The deadline of a request with `header` as its X-Request-Timeout value (None: no header)."""
+def stamp_arrival(scope: Scope) -> None:
+    scope.setdefault("state", {})[_ARRIVED] = time.time()
+
+
+def arrival(scope: Scope) -> float | None:
+    """When the request reached the ingress app (wall clock), if stamped."""
+    arrived: float | None = scope.get("state", {}).get(_ARRIVED)
+    return arrived
+
+
+def request_deadline(limits: LimitsConfig, header: str | None, start: float | None = None) -> Deadline | None:
+    """The deadline of a request that arrived at `start` (None: now) with `header` as its X-Request-Timeout
+    value (None: no header)."""
     if header is None:
-        return None if limits.request_timeout_s is None else Deadline.after(limits.request_timeout_s)
+        return None if limits.request_timeout_s is None else Deadline.after(limits.request_timeout_s, start)
     try:
         seconds = float(header)
     except ValueError:
@@ -54,7 +70,7 @@ def request_deadline(limits: LimitsConfig, header: str | None) -> Deadline | Non
         raise BadRequestError(
             f"{HEADER} must be a positive number of seconds, got {header!r}.", param=HEADER, code="invalid_header"
         )
-    return Deadline.after(min(seconds, limits.max_request_timeout_s))
+    return Deadline.after(min(seconds, limits.max_request_timeout_s), start)
 
 
 @asynccontextmanager
