@@ -76,7 +76,8 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 class _RequestMetrics:
-    """Counts requests by endpoint and status, and those in flight (pure ASGI: streams stay intact)."""
+    """Counts requests by endpoint and status, and those in flight (pure ASGI: streams stay intact). As
+    the outermost of our middleware, it also stamps each request's arrival, which its deadline counts from."""
 
     def __init__(self, app: ASGIApp, metrics: IngressMetrics) -> None:
         self.app = app
