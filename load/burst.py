@@ -184,21 +184,20 @@ async def burst(
     family, _, _, _, address = (await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))[0]
     connected = await asyncio.gather(*(connect(family, address) for _ in range(n)), return_exceptions=True)
     receptions = {i: Reception(c) for i, c in enumerate(connected) if isinstance(c, socket.socket)}
+    sent = time.perf_counter()
     try:
-        sent = time.perf_counter()
         for i, reception in receptions.items():
             await reception.send(bodies[i])
         if receptions:
             await asyncio.wait([r.done for r in receptions.values()], timeout=timeout_s)
-        for reception in receptions.values():
-            reception.abandon()  # a connection the server keeps open must not hang the run
-        return [
-            receptions[i].result(sent) if i in receptions else f"connection ({type(c).__name__})"
-            for i, c in enumerate(connected)
-        ]
     finally:
+        # Answers still open: the burst was cancelled, or the server kept them past the timeout.
         for reception in receptions.values():
             reception.abandon()
+    return [
+        receptions[i].result(sent) if i in receptions else f"connection ({type(c).__name__})"
+        for i, c in enumerate(connected)
+    ]
 
 
 async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, seed: int) -> dict[str, Any]:
