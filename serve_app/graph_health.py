@@ -131,7 +131,10 @@ class GraphHealthApp:
             green = self.monitor.report()[0] if green is None else green
             until_ms = int(time.time() * 1000) + self._green_for_ms if green else 0
             try:
-                await asyncio.wait_for(self._stamp_sink(until_ms), self._stamp_every_s)
+                # Not `wait_for`: on Python 3.11 a cancel (`stop`) that meets a stamp failing at that moment
+                # is lost to the `except` below, and the stamping loop then never ends.
+                async with asyncio.timeout(self._stamp_every_s):
+                    await self._stamp_sink(until_ms)
             except Exception as exc:  # HAProxy reloading, hung or absent: this app answers /health meanwhile
                 if not self._stamp_failing:
                     logger.warning("the health stamp failed (this app answers /health until it works): %r", exc)
