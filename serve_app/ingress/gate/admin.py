@@ -28,8 +28,10 @@ async def admin(socket: Path, line: str) -> str:
     try:
         writer.write(line.encode())
         await writer.drain()
-        # HAProxy closes the connection after the last command.
-        return (await asyncio.wait_for(reader.read(), ANSWER_TIMEOUT_S)).decode()
+        # HAProxy closes the connection after the last command. Not `wait_for`: on Python 3.11 it can lose
+        # the cancel that stops the health stamping loop (`graph_health.py`), which then never ends.
+        async with asyncio.timeout(ANSWER_TIMEOUT_S):
+            return (await reader.read()).decode()
     finally:
         writer.close()
 
