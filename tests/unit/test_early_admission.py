@@ -32,7 +32,14 @@ def test_weigh_reads_the_first_prompt_and_the_generation_budget() -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [{"prompt": 5}, {"prompt": "a", "max_tokens": "9"}, {"prompt": "a", "n": 0}, {"prompt": "a", "max_tokens": True}],
+    [
+        {"prompt": 5},
+        {"prompt": "a", "max_tokens": "9"},
+        {"prompt": "a", "n": 0},
+        {"prompt": "a", "max_tokens": True},
+        {"prompt": "a", "max_tokens": 0},
+        {"prompt": "a", "max_completion_tokens": -3},
+    ],
 )
 def test_a_body_of_another_shape_is_left_to_the_route(body: dict[str, object]) -> None:
     assert weigh("/v1/completions", body) is None

@@ -151,9 +151,15 @@ async def test_the_gate_refuses_what_the_engine_cannot_clear_and_passes_the_rest
     chat = "/v1/chat/completions"
     assert await burst(url, name, 1, 12, chat, max_completion_tokens=100) == {(200, None): 4, (429, "7"): 8}
     assert await burst(url, name, 25, 12, n=4) == {(200, None): 4, (429, "7"): 8}
-    # Outside [0, the model's cap] is the ingress's 400 to give, not a refusal to retry: not weighed here.
+    # Outside [1, the model's cap] is the ingress's 400 to give, not a refusal to retry: not weighed here.
     assert await burst(url, name, 10**9, 12) == {(200, None): 12}
     assert await burst(url, name, -1, 12) == {(200, None): 12}
+    long_prompt = "x" * 15_000  # its characters alone are the whole wait (within HAProxy's 16 KB buffer)
+    assert await burst(url, name, 1, 12, prompt=long_prompt) == {(200, None): 1, (429, "7"): 11}
+    assert await burst(url, name, 0, 12, prompt=long_prompt) == {(200, None): 12}
+    max_n = app_args.limits.max_n
+    assert await burst(url, name, 25, 12, n=max_n + 1) == {(200, None): 12}  # weighed, 1 would fit
+    assert await burst(url, name, 100, 12, n=0) == {(200, None): 12}  # weighed as 1, 4 would fit
 
 
 async def test_haproxy_answers_a_green_health_probe_itself_until_the_stamp_expires(gate: tuple[str, Path]) -> None:
@@ -178,7 +184,7 @@ async def test_haproxy_answers_a_green_health_probe_itself_until_the_stamp_expir
 
 async def test_a_map_haproxy_does_not_know_is_an_error(gate: tuple[str, Path]) -> None:
     _, socket = gate
-    with pytest.raises(OSError, match="prepared 6 of 7 maps"):
+    with pytest.raises(OSError, match=f"prepared {len(MAPS)} of {len(MAPS) + 1} maps"):
         await publish(socket, {**{name: {} for name in MAPS}, "other": {}})
 
 

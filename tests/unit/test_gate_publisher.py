@@ -40,7 +40,7 @@ def test_the_values_are_the_work_gates_rates_in_nanoseconds(app_args: AppArgs, t
     per_char = services.work.tokens_per_char / 1000
     assert map_values(services) == {"wait_ns": 4_500_000_000, "char_ns": int(per_char * 1e9),
                                     "token_ns": 10_000_000, "max_tokens": app_args.model.max_model_len,
-                                    "status": 429, "retry_after": 7}  # fmt: skip
+                                    "max_n": app_args.limits.max_n, "status": 429, "retry_after": 7}  # fmt: skip
 
 
 def test_a_model_admitted_by_count_is_not_gated(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:
@@ -59,7 +59,7 @@ def test_each_map_is_filled_in_a_new_version_and_committed_whole(
     line = commands(Path("/g"), by_map, {name: str(i) for i, name in enumerate(by_map)})
     name = app_args.model.name
     assert line.startswith(f"add map @0 /g/wait_ns.map {name} 4500000000; commit map @0 /g/wait_ns.map; ")
-    assert line.endswith(f"add map @5 /g/retry_after.map {name} 7; commit map @5 /g/retry_after.map; "
+    assert line.endswith(f"add map @6 /g/retry_after.map {name} 7; commit map @6 /g/retry_after.map; "
                          "show table serve_graph_in_flight\n")  # fmt: skip
 
 

@@ -10,8 +10,9 @@ engine clears in `max_wait_s`, is rounded down to a power of two, its *slot*; an
 when more requests of its model and slot are in flight than the slot. The ingress publishes those rates
 (the learned ones) into HAProxy's maps every second (`publisher.py`). What the gate does not weigh
 passes through untouched, to the ingress's exact admission: a model admitted by count, a request without
-`max_tokens` (or `max_completion_tokens`) or with one outside [0, the model's cap], a body larger than
-HAProxy's buffer (`tune.bufsize`, 16 KB: the fields after it are not seen), and any other route but
+`max_tokens` (or `max_completion_tokens`), or with it or `n` outside [1, its cap] (the ingress's 400 to
+give, not an overload to retry), a body larger than HAProxy's buffer (`tune.bufsize`, 16 KB: the fields
+after it are not seen), and any other route but
 `GET /health`, answered here while the graph's health app's last stamp is green (`health_rules`). `n`
 multiplies a request's generated tokens, as in the ingress. Body bytes stand for prompt characters,
 so images as base64 and escaped text weigh more here than there.
@@ -36,7 +37,7 @@ from serve_app.config import AdmissionConfig
 from serve_app.errors import OverloadedError, error_response
 
 # The maps the rules read, by model name; `publisher.py` fills them.
-MAPS = ("wait_ns", "char_ns", "token_ns", "max_tokens", "status", "retry_after")
+MAPS = ("wait_ns", "char_ns", "token_ns", "max_tokens", "max_n", "status", "retry_after")
 # The graph's health stamp: under HEALTH_KEY, the Unix time in ms up to which `/health` is green
 # (`serve_app/graph_health.py` writes it through `admin.publish_health`).
 HEALTH_MAP = "health"
@@ -105,10 +106,13 @@ def rules(gate_dir: Path) -> str:
         "if { var(txn.sg_wait) -m int gt 0 } !{ var(txn.sg_max) -m found }",
         # Out of range (the ingress's 400, not a refusal to retry): not weighed here.
         f"http-request set-var(txn.sg_cap) {lookup('max_tokens', 0)} {sized}",
-        "http-request unset-var(txn.sg_max) if { var(txn.sg_max) -m int lt 0 }",
+        "http-request unset-var(txn.sg_max) if { var(txn.sg_max) -m int lt 1 }",
         "http-request unset-var(txn.sg_max) if { var(txn.sg_max),sub(txn.sg_cap) -m int gt 0 }",
         "http-request set-var(txn.sg_n) req.body,json_query('$.n','int') if { var(txn.sg_max) -m found }",
-        "http-request set-var(txn.sg_max) var(txn.sg_max),mul(txn.sg_n) if { var(txn.sg_n) -m int gt 1 }",
+        f"http-request set-var(txn.sg_max_n) {lookup('max_n', 0)} if {{ var(txn.sg_n) -m found }}",
+        "http-request unset-var(txn.sg_max) if { var(txn.sg_n) -m int lt 1 }",
+        "http-request unset-var(txn.sg_max) if { var(txn.sg_n),sub(txn.sg_max_n) -m int gt 0 }",
+        f"http-request set-var(txn.sg_max) var(txn.sg_max),mul(txn.sg_n) if {has_max} {{ var(txn.sg_n) -m int gt 1 }}",
         f"http-request set-var(txn.sg_char_ns) {lookup('char_ns', 0)} {sized}",
         f"http-request set-var(txn.sg_token_ns) {lookup('token_ns', 0)} {sized}",
         f"http-request set-var(txn.sg_cost) req.body_len,mul(txn.sg_char_ns) {sized}",

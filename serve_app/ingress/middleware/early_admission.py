@@ -79,8 +79,8 @@ def weigh(path: str, body: dict[str, Any]) -> Weight | None:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     n = body.get("n", 1)
     truncating = body.get("truncate_prompt_tokens") is not None
-    if not (max_tokens is None or _is_int(max_tokens)) or not _is_int(n) or n < 1:
-        return None
+    if not (max_tokens is None or _is_positive_int(max_tokens)) or not _is_positive_int(n):
+        return None  # the route's 400: weighed, it could be refused as an overload instead
     if path == "/v1/chat/completions":
         messages = body.get("messages")
         if not isinstance(messages, list):
@@ -99,6 +99,10 @@ def weigh(path: str, body: dict[str, Any]) -> Weight | None:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_positive_int(value: Any) -> bool:
+    return _is_int(value) and value >= 1
 
 
 class EarlyAdmission:
