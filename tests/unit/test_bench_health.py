@@ -57,7 +57,13 @@ async def test_loop_lag_sees_a_blocked_loop() -> None:
 
 async def test_a_probe_process_probes_until_stopped_on_this_processs_clock() -> None:
     app = FastAPI()
-    app.get("/health")(lambda: JSONResponse({}))
+    served: list[float] = []
+
+    def health() -> JSONResponse:
+        served.append(time.perf_counter())
+        return JSONResponse({})
+
+    app.get("/health")(health)
     with serving(app) as url, ProbeProcess(url, 0.05) as prober:
         started = time.perf_counter()
         await asyncio.sleep(0.3)
@@ -65,3 +71,4 @@ async def test_a_probe_process_probes_until_stopped_on_this_processs_clock() -> 
         stopped = time.perf_counter()
     assert len(samples) >= 3 and all(s.status == 200 for s in samples)
     assert started - 1.0 < samples[0].sent_at and samples[-1].sent_at < stopped
+    assert len(served) == len(samples) + 1  # the first, the client's own warm-up, is not a sample
