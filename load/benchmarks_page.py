@@ -66,6 +66,11 @@ def _ms(value: float) -> str:
     return f"{value:.1f}"
 
 
+def _answers(counts: dict[str, int]) -> str:
+    """`{"400": 7173, "ReadError": 2}` as `400: 7,173, ReadError: 2`."""
+    return ", ".join(f"{kind}: {count:,}" for kind, count in counts.items())
+
+
 def _meta(result: dict[str, Any]) -> list[str]:
     label = [f"- setup: {result['label']}"] if result.get("label") else []
     return [
@@ -87,8 +92,8 @@ def health_probe(result: dict[str, Any]) -> list[str]:
         "",
         "Prompts far beyond the 4,096-token context, so every request is tokenized and rejected with 400.",
         "",
-        "| target | idle p50 ms | loaded p50 | p95 | p99 | max | req/s | p99 vs graph |",
-        "|---|---|---|---|---|---|---|---|",
+        "| target | idle p50 ms | loaded p50 | p95 | p99 | max | req/s | answers | p99 vs graph |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, t in targets.items():
         idle, loaded = t["idle_health_ms"], t["loaded_health_ms"]
@@ -96,7 +101,7 @@ def health_probe(result: dict[str, Any]) -> list[str]:
         vs = report.ratio(loaded["p99"], reference["loaded_health_ms"]["p99"], flag) if reference else "n/a"
         lines.append(
             f"| {name} | {_ms(idle['p50'])} | {_ms(loaded['p50'])} | {_ms(loaded['p95'])} | {_ms(loaded['p99'])} "
-            f"| {_ms(loaded['max'])} | {t['requests_per_s']:.1f} | {vs} |"
+            f"| {_ms(loaded['max'])} | {t['requests_per_s']:.1f} | {_answers(t['responses'])} | {vs} |"
         )
     return [*lines, *report.handicap_notes(handicapped), "", *_meta(result)]
 

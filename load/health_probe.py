@@ -46,12 +46,16 @@ def long_prompt(words: int, seed: int) -> str:
 
 
 async def load(client: httpx.AsyncClient, url: str, stop: asyncio.Event, prompts: list[str],
-               statuses: Counter[int]) -> None:  # fmt: skip
+               statuses: Counter[int | str]) -> None:  # fmt: skip
     i = 0
     while not stop.is_set():
         body = {"model": None, "prompt": prompts[i % len(prompts)], "max_tokens": 16}
         i += 1
-        response = await client.post(f"{url}/v1/completions", json=body)
+        try:
+            response = await client.post(f"{url}/v1/completions", json=body)
+        except httpx.TransportError as exc:  # a connection the server dropped: counted as such, the load goes on
+            statuses[type(exc).__name__] += 1
+            continue
         statuses[response.status_code] += 1
 
 
@@ -61,7 +65,7 @@ async def measure(url: str, concurrency: int, duration_s: float, prompts: list[s
         await asyncio.sleep(3)
         idle = prober.stop()
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-        statuses: Counter[int] = Counter()
+        statuses: Counter[int | str] = Counter()
         stop = asyncio.Event()
         lag = asyncio.create_task(loop_lag(stop))
         with ProbeProcess(url, PROBE_INTERVAL_S) as prober:

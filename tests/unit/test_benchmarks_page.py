@@ -30,6 +30,16 @@ def test_ceiling_section() -> None:
     assert "- command: `python -m load.x --y`" in page
 
 
+def test_health_probe_section_counts_each_kind_of_answer() -> None:
+    phase = {"p50": 3.0, "p95": 9.0, "p99": 15.0, "max": 24.0}
+    target = {"idle_health_ms": phase, "loaded_health_ms": phase, "requests_per_s": 135.0,
+              "responses": {"400": 8099, "ReadError": 2}}  # fmt: skip
+    result = {**META, "kind": "health_probe", "label": "", "concurrency": 60, "words_per_prompt": 50000,
+              "duration_s": 60.0, "targets": {"graph": target}}  # fmt: skip
+    page = benchmarks_page.render([result], None)
+    assert "| graph | 3.0 | 3.0 | 9.0 | 15.0 | 24.0 | 135.0 | 400: 8,099, ReadError: 2 | 1.00x |" in page
+
+
 def test_idle_cpu_section() -> None:
     roles = {"api_server": {"processes": 2, "core_share": 0.003}}
     targets = {"vllm": {"roles": roles, "outside_engine_core_share": 0.003, "total_core_share": 0.024}}

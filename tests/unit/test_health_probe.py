@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+from collections import Counter
+
+import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from load.health_probe import long_prompt, measure
+from load.health_probe import load, long_prompt, measure
 from tests.unit.bench_support import serving
 
 
@@ -19,3 +24,18 @@ async def test_measure_probes_health_idle_and_beside_the_load() -> None:
     for phase in ("idle_health_ms", "loaded_health_ms"):
         assert result[phase]["n"] >= 3 and result[phase]["failures"] == 0, result
     assert result["load_client_lag_max_ms"] >= 0
+
+
+async def test_a_dropped_connection_is_counted_and_the_load_goes_on() -> None:
+    stop, calls = asyncio.Event(), itertools.count()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if next(calls) == 0:
+            raise httpx.ReadError("connection reset", request=request)
+        stop.set()
+        return httpx.Response(400)
+
+    statuses: Counter[int | str] = Counter()
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        await load(client, "http://server", stop, ["a prompt"], statuses)
+    assert statuses == {"ReadError": 1, 400: 1}
