@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import pytest
 
 from load.ports import free_port
@@ -198,17 +200,29 @@ async def test_publishing_again_replaces_each_models_entries(
     assert [line.split()[1:] for line in shown.strip().splitlines()] == [[app_args.model.name, "9000000000"]]
 
 
-def test_the_script_gates_serves_config_and_execs_haproxy(tmp_path: Path) -> None:
+def test_the_script_gates_serves_config_and_execs_haproxy_in_a_session_that_ends_with_its_parent(
+    tmp_path: Path,
+) -> None:
     config = tmp_path / "haproxy.cfg"
     config.write_text(SERVE_CONFIG.format(dir=tmp_path, port=free_port(), backend=free_port()))
     script = "from serve_app.ingress.gate.haproxy import main; main()"
-    haproxy = subprocess.Popen([sys.executable, "-c", script, "-db", "-f", str(config)])
+    # A parent that starts it as Serve's proxy actor does, says its pid, and waits to be killed.
+    start = f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {script!r}, '-db', '-f', " \
+            f"{str(config)!r}]); print(p.pid, flush=True); time.sleep(60)"  # fmt: skip
+    parent = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    haproxy = psutil.Process(int(parent.stdout.readline()))
     try:
         for _ in range(100):
             if (tmp_path / "admin.sock").exists():
                 break
             time.sleep(0.05)
         assert (tmp_path / "admin.sock").exists() and MARK in config.read_text()
+        assert Path(haproxy.exe()) == Path(real_binary()) and os.getsid(haproxy.pid) == haproxy.pid
+        parent.kill()
+        parent.wait()
+        haproxy.wait(5)  # ended with its parent, or psutil.TimeoutExpired
     finally:
-        haproxy.terminate()
-        haproxy.wait()
+        parent.kill()
+        if haproxy.is_running():
+            haproxy.kill()
