@@ -194,8 +194,8 @@ def own_session() -> None:
     session of the whole cluster (one autogroup: the kernel shares the CPU between sessions first) it
     waited for every wakeup behind the ingress and the replicas, and under 60 concurrent 300K-character
     prompts `/health`, which it answers, had p99 29-43 ms against `vllm serve`'s 16-28 in the same runs; in
-    a session of its own 13-29 against 14-20 (docs/benchmarks.md, 35l-35q). The price, measured in three
-    stops: refusals of a burst of 400 answered somewhat later (at arrival p99 27-132 ms against 6-66).
+    a session of its own 13-29 against 14-20 (docs/benchmarks.md, 35l-35s). The price, measured in three
+    stops: refusals of a burst of 400 answered somewhat later (at arrival p99 27-132 ms against 6-66; 29z-29zd).
     Leaving the session also leaves the actor's process group, which Ray signals when the actor dies; so
     the kernel sends HAProxy SIGTERM (its hard stop) when its parent ends (`PR_SET_PDEATHSIG`, which
     survives the exec)."""
