@@ -12,10 +12,10 @@ when more requests of its model and slot are in flight than the slot. The ingres
 passes through untouched, to the ingress's exact admission: a model admitted by count, a request without
 `max_tokens` (or `max_completion_tokens`), or with it or `n` outside [1, its cap] (the ingress's 400 to
 give, not an overload to retry), a body larger than HAProxy's buffer (`tune.bufsize`, 16 KB: the fields
-after it are not seen), and any other route but
-`GET /health`, answered here while the graph's health app's last stamp is green (`health_rules`). `n`
-multiplies a request's generated tokens, as in the ingress. Body bytes stand for prompt characters,
-so images as base64 and escaped text weigh more here than there.
+after it are not seen), and any other route but `GET /health`, answered here while the graph's health
+app's last stamp is green (`health_rules`). `n` multiplies a request's generated tokens, as in the
+ingress. Body bytes stand for prompt characters, so images as base64 and escaped text weigh more here
+than there.
 
 Serve 2.60 renders HAProxy's config from a template that takes no rules of ours, so this module is the
 HAProxy binary Serve runs (`RAY_SERVE_HAPROXY_BINARY_PATH`, set by the Makefile and `load.graph_launcher`
@@ -200,12 +200,13 @@ def own_session() -> None:
     the kernel sends HAProxy SIGTERM (its hard stop) when its parent ends (`PR_SET_PDEATHSIG`, which
     survives the exec)."""
     parent = os.getppid()
-    os.setsid()
+    # The signal first: should it fail, HAProxy is still where Serve started it, as `main` says.
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     if os.getppid() != parent:  # the parent ended before the signal was asked for: a front door for no one
         raise SystemExit(f"serve-graph-haproxy: parent {parent} ended before HAProxy started")
+    os.setsid()
 
 
 def main() -> None:
