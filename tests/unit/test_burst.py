@@ -103,6 +103,13 @@ async def test_the_arrival_is_the_kernels_stamp_not_when_the_loop_reads() -> Non
     listener = socket.create_server(("127.0.0.1", 0))
     ours = await connect(socket.AF_INET, listener.getsockname())
     theirs, _ = listener.accept()
+    # Linux turns receive stamps on for the whole system a little after the first socket asks (a deferred
+    # static key): on a fresh machine a segment can arrive unstamped until then. Wait for a stamped one.
+    for _ in range(100):
+        theirs.sendall(b"x")
+        await asyncio.sleep(0.01)
+        if ours.recvmsg(16, socket.CMSG_SPACE(16))[1]:
+            break
     reception = Reception(ours)
     await reception.send(b"GET / HTTP/1.1\r\n\r\n")
     theirs.recv(100)  # read before closing, or the close resets the connection
