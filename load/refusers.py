@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from load.graph_launcher import ray_env
 from serve_app.errors import error_response
 from serve_app.ingress.pipeline.work_admission import expected_wait_error
 from serve_app.messages import GenerateRequest, GenerationChunk
@@ -40,7 +41,7 @@ def haproxy_env(port: int) -> dict[str, str]:
     """What `refuser-haproxy.cfg` reads from its environment."""
     return {"REFUSER_PORT": str(port), "REFUSER_STATUS": str(REFUSAL.status_code),
             "REFUSER_BODY": bytes(REFUSAL.body).decode(), "REFUSER_RETRY_AFTER": REFUSAL.headers["retry-after"],
-            "REFUSER_MODELS": MODELS.decode()}  # fmt: skip
+            "REFUSER_MODELS": MODELS.decode(), "REFUSER_NBTHREAD": ray_env()["RAY_SERVE_HAPROXY_NBTHREAD"]}  # fmt: skip
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 from ray import serve
 
+from load.graph_launcher import ray_env
+from serve_app.ingress.gate.admin import admin, admin_socket
 from tests.integration.support import (
     APP,
     GRAPH_HEALTH_POLL_S,
@@ -136,6 +139,13 @@ def test_metrics(graph: str, client: Any) -> None:
     assert 'serve_graph_requests_total{endpoint="/v1/completions",status="200"}' in text
     assert 'serve_graph_stage_seconds_count{model="tiny-chat",stage="tokenizer"}' in text
     assert "vllm:" in text
+
+
+def test_haproxy_runs_the_threads_configs_ray_env_sets(graph: str) -> None:
+    # Serve reads RAY_SERVE_HAPROXY_NBTHREAD where its proxy starts; its default is 4.
+    (node,) = serve.status().proxies  # `proxy_location: HeadOnly`
+    info = asyncio.run(admin(admin_socket(node), "show info\n")).splitlines()
+    assert f"Nbthread: {ray_env()['RAY_SERVE_HAPROXY_NBTHREAD']}" in info
 
 
 def test_a_green_health_is_haproxys_answer_and_a_verbose_one_the_health_apps(graph: str) -> None:
