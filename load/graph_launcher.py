@@ -60,6 +60,12 @@ def ray_env(path: Path = RAY_ENV) -> dict[str, str]:
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
 
 
+def ray_setting(name: str) -> str:
+    """`name` as a cluster started here gets it: the environment's value, else configs/ray.env's (the
+    Makefile's command line and `serve_until_terminated` below both let a value already set win over the file)."""
+    return os.environ.get(name) or ray_env()[name]
+
+
 def route_prefix(config: dict[str, Any]) -> str:
     prefix = str(config["applications"][0].get("route_prefix") or "/")
     return "" if prefix == "/" else prefix.rstrip("/")

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from load.graph_launcher import ray_env
+from load.graph_launcher import ray_setting
 from serve_app.errors import error_response
 from serve_app.ingress.pipeline.work_admission import expected_wait_error
 from serve_app.messages import GenerateRequest, GenerationChunk
@@ -36,8 +35,6 @@ MODEL = "tiny-chat"
 REFUSAL = error_response(expected_wait_error(14.8, 0.4, 15.0))
 MODELS = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
 HAPROXY_CONFIG = Path(__file__).with_name("refuser-haproxy.cfg")
-# The graph's HAProxy threads, as `ray start` gets them: the environment over configs/ray.env (`ray_env`).
-_NBTHREAD = "RAY_SERVE_HAPROXY_NBTHREAD"
 
 
 def haproxy_env(port: int) -> dict[str, str]:
@@ -45,7 +42,7 @@ def haproxy_env(port: int) -> dict[str, str]:
     return {"REFUSER_PORT": str(port), "REFUSER_STATUS": str(REFUSAL.status_code),
             "REFUSER_BODY": bytes(REFUSAL.body).decode(), "REFUSER_RETRY_AFTER": REFUSAL.headers["retry-after"],
             "REFUSER_MODELS": MODELS.decode(),
-            "REFUSER_NBTHREAD": os.environ.get(_NBTHREAD) or ray_env()[_NBTHREAD]}  # fmt: skip
+            "REFUSER_NBTHREAD": ray_setting("RAY_SERVE_HAPROXY_NBTHREAD")}  # fmt: skip
 
 
 async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:

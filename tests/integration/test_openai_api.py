@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from ray import serve
 
-from load.graph_launcher import ray_env
+from load.graph_launcher import ray_setting
 from serve_app.ingress.gate.admin import admin, admin_socket
 from tests.integration.support import (
     APP,
@@ -145,7 +145,7 @@ def test_haproxy_runs_the_threads_configs_ray_env_sets(graph: str) -> None:
     # Serve reads RAY_SERVE_HAPROXY_NBTHREAD where its proxy starts; its default is 4.
     (node,) = serve.status().proxies  # `proxy_location: HeadOnly`
     info = asyncio.run(admin(admin_socket(node), "show info\n")).splitlines()
-    assert f"Nbthread: {ray_env()['RAY_SERVE_HAPROXY_NBTHREAD']}" in info
+    assert f"Nbthread: {ray_setting('RAY_SERVE_HAPROXY_NBTHREAD')}" in info
 
 
 def test_a_green_health_is_haproxys_answer_and_a_verbose_one_the_health_apps(graph: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from load.graph_launcher import RAY_ENV, _exit, ray_env, stop_cluster
+from load.graph_launcher import RAY_ENV, _exit, ray_env, ray_setting, stop_cluster
 
 # Like Ray's agents whose raylet was SIGKILLed: deaf to SIGTERM.
 DEAF = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(flush=True); time.sleep(60)"
@@ -70,3 +70,10 @@ def test_ray_env_is_what_a_shell_and_make_read_from_the_file(tmp_path: Path) -> 
     made = subprocess.run(["make", "-s", "-C", str(RAY_ENV.parents[1]), "-f", "Makefile", "-f", str(show), "show"],
                           env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, check=True)  # fmt: skip
     assert {k: v for k, v in (ln.split("=", 1) for ln in made.stdout.splitlines() if "=" in ln) if k in env} == env
+
+
+def test_a_setting_already_in_the_environment_wins_over_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_NBTHREAD", raising=False)
+    assert ray_setting("RAY_SERVE_HAPROXY_NBTHREAD") == ray_env()["RAY_SERVE_HAPROXY_NBTHREAD"] == "1"
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_NBTHREAD", "3")
+    assert ray_setting("RAY_SERVE_HAPROXY_NBTHREAD") == "3"
