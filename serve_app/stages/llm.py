@@ -29,6 +29,7 @@ from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, Sa
 from serve_app.stages import engine_session, top_p
 from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, omp_threads, resolve_dtype
 from serve_app.stages.engine_watchdog import EngineWatchdog
+from serve_app.stages.stream_pacing import paced
 
 # Serve sends this logger to the replica's log file.
 logger = logging.getLogger("ray.serve")
@@ -225,8 +226,11 @@ class LLMStage:
         audio_token_ids: list[int] | None = None,
         max_seqs: int | None = None,
         watchdog: EngineWatchdog | None = None,
+        stream_interval_s: float = 0.0,
     ) -> None:
         self._engine = engine
+        # At most one chunk per this many seconds after the first (`engine.stream_interval_ms`).
+        self._stream_interval_s = stream_interval_s
         self._watchdog = watchdog if watchdog is not None else EngineWatchdog(None)
         self._audio_token_ids = audio_token_ids
         # Engine slots plus its waiting queue (`max_num_seqs + max_waiting_requests`); None: unbounded.
@@ -236,7 +240,7 @@ class LLMStage:
         self._seqs = 0
 
     @staticmethod
-    def parts(args: AppArgs) -> tuple[Engine, list[int] | None, int, EngineWatchdog]:
+    def parts(args: AppArgs) -> tuple[Engine, list[int] | None, int, EngineWatchdog, float]:
         """The constructor's arguments for `args`: this builds the engine."""
         audio_token_ids = None
         if args.tts is not None and args.tts.constrain_to_audio_tokens:
@@ -250,7 +254,8 @@ class LLMStage:
             layout = OrpheusLayout.from_tokenizer(tokenizer)
             audio_token_ids = [*layout.audio_token_ids(), layout.stop_id]
         max_seqs = args.engine.max_num_seqs + args.engine.max_waiting_requests
-        return build_engine(args), audio_token_ids, max_seqs, EngineWatchdog(args.engine.watchdog_timeout_s)
+        watchdog = EngineWatchdog(args.engine.watchdog_timeout_s)
+        return build_engine(args), audio_token_ids, max_seqs, watchdog, args.engine.stream_interval_ms / 1000
 
     @classmethod
     def from_args(cls, args: AppArgs) -> LLMStage:
@@ -277,9 +282,12 @@ class LLMStage:
             engine_outputs = self._engine.generate(
                 prompt, params, request.request_id, priority=request.sampling.priority
             )
-            async with aclosing(engine_outputs) as outputs:
+            async with (
+                aclosing(engine_outputs) as outputs,
+                aclosing(paced(outputs, self._watchdog.next_output, self._stream_interval_s)) as chunks,
+            ):
                 first = True
-                while (output := await self._watchdog.next_output(outputs)) is not None:
+                async for output in chunks:
                     yield to_chunk(output, request.sampling, time.perf_counter() - submitted if first else None)
                     first = False
         except VLLMEngineDeadError as exc:

@@ -71,6 +71,7 @@ def test_args_are_frozen() -> None:
         ({"model": {"path": "m", "max_model_len": 64, "trust_remote_code": "yes"}}, "model.trust_remote_code"),
         ({"model": {"path": "m", "max_model_len": "4096"}}, "model.max_model_len"),
         (minimal(engine={"seed": 2**63}), "engine.seed"),
+        (minimal(engine={"stream_interval_ms": -1}), "engine.stream_interval_ms"),
         (minimal(multimodal={"fetch": {"allowed_hosts": ["10.0.0.0/33"]}}), "multimodal.fetch.allowed_hosts"),
         (minimal(multimodal={"fetch": {"allowed_hosts": ["exa mple"]}}), "multimodal.fetch.allowed_hosts"),
     ],

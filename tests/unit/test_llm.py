@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from vllm.logprobs import Logprob
+from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
@@ -127,6 +128,21 @@ async def test_chunks_are_converted() -> None:
     assert prompt == {"prompt_token_ids": [1, 2, 3]}
     assert request_id == "req-1"
     assert (params.n, params.max_tokens, params.output_kind) == (2, 8, RequestOutputKind.DELTA)
+
+
+async def test_outputs_sooner_than_the_stream_interval_go_out_merged() -> None:
+    def output(text: str, ids: list[int], finished: bool = False) -> RequestOutput:
+        completion = CompletionOutput(0, text, ids, None, None, finish_reason="length" if finished else None)
+        return RequestOutput("req-1", None, [1, 2, 3], None, [completion], finished)
+
+    engine = FakeEngine([output("He", [1]), output("ll", [2]), output("o", [3], finished=True)])
+    chunks = await collect(LLMStage(engine, stream_interval_s=1000.0), request())
+    assert [(c.deltas[0].text, c.deltas[0].token_ids, c.finished) for c in chunks] == [
+        ("He", [1], False),  # the first at once, with the engine's time to it
+        ("llo", [2, 3], True),  # the rest merged; the last is never held
+    ]
+    assert chunks[0].engine_ttft_s is not None and chunks[1].engine_ttft_s is None
+    assert engine.exit == "finished"
 
 
 def test_to_chunk_without_prompt_ids() -> None:
