@@ -88,8 +88,8 @@ class EngineConfig(Strict):
         description="At most one streamed chunk per this many milliseconds after the first: outputs the engine "
         "emits sooner wait, at most that long, and go out merged with the ones after them. Each chunk costs the "
         "same CPU in the llm replica, the ingress and the proxy, so when the engine decodes fast this cuts the "
-        "CPU per request; the first chunk and the last are never held, so the time to first token and to the "
-        "end do not change, only how often a stream's text arrives. 0: every output goes out as it comes.",
+        "CPU per request; the first chunk and the last are never held, so it adds nothing to the time to first "
+        "token or to the end, only changes how often a stream's text arrives. 0: every output goes out as it comes.",
     )
     log_stats: bool = Field(
         default=True, description="Collect engine statistics (vLLM's Prometheus metrics in `/metrics`)."

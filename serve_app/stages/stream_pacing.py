@@ -7,8 +7,8 @@ every `engine.stream_interval` tokens however fast it decodes, so a fast engine 
 per second than a client can read. Pacing holds an output that comes sooner than `interval_s` after the
 last one sent, at most until the interval is up, and sends it merged with the ones that come meanwhile,
 with vLLM's own `RequestOutput.add` (as vLLM's collector merges the outputs a slow consumer has not taken
-yet). The first output and the last are never held: the time to first token and to the end stay the same,
-only how often a stream's text arrives changes.
+yet). The first output and the last are never held: pacing adds nothing to the time to first token or to the
+end, it changes how often a stream's text arrives.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Protocol, Self, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 
 class Output(Protocol):
@@ -73,7 +73,13 @@ async def paced(
                 pending = None
     finally:
         if pending is not None:  # our caller went away while an output was held: stop reading
+            pending.add_done_callback(_drop_outcome)
             pending.cancel()
             await asyncio.wait((pending,))
-            if not pending.cancelled():
-                pending.exception()  # retrieved: the request it would have gone to is gone
+
+
+def _drop_outcome(read: asyncio.Future[Any]) -> None:
+    """The outcome of a read whose request is gone: retrieved (so asyncio does not log it as lost), and
+    dropped, even if a second cancel stops the wait for it."""
+    if not read.cancelled():
+        read.exception()

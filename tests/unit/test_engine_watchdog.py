@@ -62,6 +62,27 @@ async def test_a_stalled_engine_is_declared_hung_and_fails_its_requests(clock: C
     assert not consumer.cancelled()
 
 
+async def test_a_hang_while_an_output_is_held_for_pacing_fails_the_request(clock: Clock) -> None:
+    engine = FakeEngine([step("a", [1]), step("b", [2])])
+    engine.wait = asyncio.Event()
+    stage = LLMStage(engine, watchdog=EngineWatchdog(TIMEOUT_S, clock), stream_interval_s=1000.0)
+    received: list[GenerationChunk] = []
+
+    async def receive() -> None:
+        async for chunk in stage.generate(request()):
+            received.append(chunk)
+
+    consumer = asyncio.create_task(receive())
+    await asyncio.wait_for(engine.waiting.wait(), 5)  # "b" is held; pacing's own task waits on the engine
+    clock.now += TIMEOUT_S
+    with pytest.raises(EngineDeadError):
+        await stage.check_health()
+    with pytest.raises(EngineDeadError, match="hung"):
+        await asyncio.wait_for(consumer, 5)
+    assert [chunk.deltas[0].text for chunk in received] == ["a"]
+    assert engine.exit == "cancelled"
+
+
 async def test_once_hung_new_requests_and_health_checks_are_refused(clock: Clock) -> None:
     engine = hanging_engine()
     stage = stage_with(engine, clock)

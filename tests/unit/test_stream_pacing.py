@@ -81,6 +81,33 @@ async def test_outputs_within_the_interval_go_out_merged_with_the_last_never_hel
     assert engine.exit == "finished"
 
 
+async def test_a_finished_output_goes_out_at_once_with_what_is_held() -> None:
+    engine, clock = Engine(), Clock()
+    stream = paced(engine.outputs(), next_output, 1000.0, clock)
+    engine.put(output((0, "a", [1])))
+    await anext(stream)
+    engine.put(output((0, "b", [2])), output((0, "c", [3]), finished=True))  # and the engine stays open
+    last = await asyncio.wait_for(anext(stream), 5)
+    assert texts(last) == [(0, "bc", [2, 3])] and last.finished
+    await stream.aclose()
+
+
+async def test_the_hold_counts_from_the_last_output_sent_not_the_last_received() -> None:
+    engine, clock = Engine(), Clock()
+    stream = paced(engine.outputs(), next_output, 0.5, clock)
+    engine.put(output((0, "a", [1])))
+    await anext(stream)  # sent at 100.0
+    receiving = asyncio.create_task(anext(stream))
+    for at, item in ((100.2, output((0, "b", [2]))), (100.4, output((0, "c", [3]))), (100.6, output((0, "d", [4])))):
+        clock.now = at
+        engine.put(item)
+        await asyncio.sleep(0.01)
+    # "d" came 0.6 s after the last output sent: it goes out at once, with the two held before it (a hold
+    # that restarted at each output would still be waiting, until its timer 0.3 s of real time later).
+    assert texts(await asyncio.wait_for(receiving, 0.25)) == [(0, "bcd", [2, 3, 4])]
+    await stream.aclose()
+
+
 async def test_choices_merge_by_index() -> None:
     engine, clock = Engine(), Clock()
     stream = paced(engine.outputs(), next_output, 1000.0, clock)
