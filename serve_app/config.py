@@ -187,7 +187,12 @@ class TtsConfig(Strict):
     top_p: float = Field(default=0.8, gt=0.0, le=1.0, description="Talker nucleus sampling.")
     repetition_penalty: float = Field(default=1.1, gt=0.0, le=2.0, description="Talker repetition penalty.")
     first_chunk_frames: int = Field(
-        default=2, ge=1, le=64, description="Codec frames in the first audio chunk: small, for time to first audio."
+        default=2,
+        ge=1,
+        le=64,
+        description="Codec frames in the first audio chunk (an Orpheus/SNAC frame is ~85 ms of audio). Fewer: "
+        "sooner first audio. More: more audio in hand for a player that starts at the first chunk, so fewer "
+        "underruns when the talker is only a little faster than real time (the CPU config: 4).",
     )
     chunk_frames: int = Field(
         default=8,
