@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from vllm.logprobs import Logprob
-from vllm.outputs import CompletionOutput, RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
@@ -27,6 +26,7 @@ from serve_app.errors import (
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
 from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
+from tests.unit.test_stream_pacing import output
 
 
 @dataclass
@@ -131,11 +131,7 @@ async def test_chunks_are_converted() -> None:
 
 
 async def test_outputs_sooner_than_the_stream_interval_go_out_merged() -> None:
-    def output(text: str, ids: list[int], finished: bool = False) -> RequestOutput:
-        completion = CompletionOutput(0, text, ids, None, None, finish_reason="length" if finished else None)
-        return RequestOutput("req-1", None, [1, 2, 3], None, [completion], finished)
-
-    engine = FakeEngine([output("He", [1]), output("ll", [2]), output("o", [3], finished=True)])
+    engine = FakeEngine([output((0, "He", [1])), output((0, "ll", [2])), output((0, "o", [3]), finished=True)])
     chunks = await collect(LLMStage(engine, stream_interval_s=1000.0), request())
     assert [(c.deltas[0].text, c.deltas[0].token_ids, c.finished) for c in chunks] == [
         ("He", [1], False),  # the first at once, with the engine's time to it
