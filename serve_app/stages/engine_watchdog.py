@@ -53,6 +53,8 @@ class EngineWatchdog:
             return None
         except asyncio.CancelledError:
             if self._waiting.get(task) and self._hung is not None:
+                # Ours, not the caller's: it becomes the 503. Should the caller have cancelled too (its
+                # client gone), the task stays cancelling and the request ends either way.
                 task.uncancel()
                 raise EngineDeadError(self._hung, code="engine_hung") from None
             raise

@@ -276,6 +276,7 @@ class LLMStage:
             prompt["multi_modal_uuids"] = {"image": [image.content_hash for image in request.images]}
         n = self._admit(request.sampling.n)
         submitted = time.perf_counter()
+        first = True
         # aclosing: if our caller goes away (client disconnect cancels the Serve call), the engine's
         # generator is closed now, which aborts the request in the engine, not whenever GC runs.
         try:
@@ -286,13 +287,16 @@ class LLMStage:
                 aclosing(engine_outputs) as outputs,
                 aclosing(paced(outputs, self._watchdog.next_output, self._stream_interval_s)) as chunks,
             ):
-                first = True
                 async for output in chunks:
                     yield to_chunk(output, request.sampling, time.perf_counter() - submitted if first else None)
                     first = False
         except VLLMEngineDeadError as exc:
             raise EngineDeadError(f"The engine died: {exc}") from exc
         except _client_errors() as exc:
+            # vLLM checks a request when it takes it, before its first output; a ValueError or TypeError
+            # after that is a fault of ours or the engine's, not the client's 400.
+            if not first:
+                raise
             raise BadRequestError(str(exc)) from exc
         finally:
             self._seqs -= n

@@ -56,8 +56,7 @@ async def paced(
                 output = await next_output(outputs)
                 continue
             held = output
-            if pending is None:
-                pending = asyncio.ensure_future(next_output(outputs))
+            pending = asyncio.ensure_future(next_output(outputs))
             done, _ = await asyncio.wait((pending,), timeout=sent_at + interval_s - clock())
             if done:
                 output, pending = pending.result(), None

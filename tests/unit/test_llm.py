@@ -308,6 +308,16 @@ async def test_engine_value_errors_become_400(error: Exception) -> None:
     assert info.value.status_code == 400
 
 
+@pytest.mark.parametrize("error", [ValueError("bug"), TypeError("bug")])
+async def test_value_errors_after_the_first_chunk_are_not_400(error: Exception) -> None:
+    # vLLM checks a request before its first output: later, such an error is a fault, not the client's.
+    chunks: list[GenerationChunk] = []
+    with pytest.raises(type(error), match="bug"):
+        async for chunk in LLMStage(FakeEngine([step("a", [1])], error=error)).generate(request()):
+            chunks.append(chunk)
+    assert len(chunks) == 1
+
+
 async def test_engine_validation_error_becomes_400() -> None:
     from vllm.exceptions import VLLMValidationError
 
