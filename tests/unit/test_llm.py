@@ -26,7 +26,7 @@ from serve_app.errors import (
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
 from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
-from tests.unit.test_stream_pacing import output
+from tests.unit.vllm_support import output
 
 
 @dataclass

@@ -10,17 +10,10 @@ import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
-from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.outputs import RequestOutput
 
 from serve_app.stages.stream_pacing import paced
-
-
-def output(*choices: tuple[int, str, list[int]], finished: bool = False) -> RequestOutput:
-    completions = [
-        CompletionOutput(index, text, ids, None, None, finish_reason="length" if finished else None)
-        for index, text, ids in choices
-    ]
-    return RequestOutput("req-1", None, [1, 2, 3], None, completions, finished)
+from tests.unit.vllm_support import output
 
 
 class Engine:
