@@ -245,12 +245,17 @@ def hop_cost(result: dict[str, Any]) -> list[str]:
     """A `load.hop_cost` run: one Serve streaming call between two no-op replicas, and each streamed item."""
     return [
         f"## One Ray Serve hop's CPU ({result['calls']} calls a cell, {result['items']} items in the second,"
-        f" median of {result['rounds']} rounds)",
+        f"{_gap(result)} median of {result['rounds']} rounds)",
         "",
         load.hop_cost.markdown(result),
         "",
         *_meta(result),
     ]
+
+
+def _gap(result: dict[str, Any]) -> str:
+    gap_ms = result.get("gap_ms", 0.0)  # runs before the option waited for nothing
+    return f" each item {gap_ms:g} ms after the last," if gap_ms else ""
 
 
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {

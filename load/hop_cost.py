@@ -5,12 +5,15 @@ streams a chunk every `engine.stream_interval` tokens (~9 for 32 tokens at 4). T
 deployments into a running cluster as an application of their own (`hop-cost`, no HTTP route, no CPU
 reserved), so they run under that cluster's Serve settings (configs/ray.env for `make serve`'s), and
 times `--calls` back-to-back calls per row from one replica to the other, then removes the application.
+With `--gap-ms`, the callee waits that long before each item, as an engine does between its outputs: an
+item that finds both replicas' loops idle pays their wake-ups, which back-to-back items share.
 Each replica reads its process's CPU time (every thread) around the calls, and again over the same wall
 time with nothing sent; the difference, per call, is the hop's. Rows: Serve's gRPC transport between
 replicas (what throughput mode uses) and Ray's actor calls (`_by_reference`), each streaming one item
 and `--items` items; an item costs (CPU at `--items` - CPU at one) / (`--items` - 1).
 
   RAY_ADDRESS=127.0.0.1:6379 RAY_AUTH_MODE=token python -m load.hop_cost --calls 300 --out results/hop.json
+  ... python -m load.hop_cost --calls 200 --gap-ms 15 --out results/hop-gap15.json
 
 It competes with whatever else the cluster runs: measure a cluster at rest.
 """
@@ -38,8 +41,10 @@ TRANSPORTS = {"grpc": False, "actor": True}  # name -> the handle's `_by_referen
 
 @serve.deployment(max_ongoing_requests=8, ray_actor_options={"num_cpus": 0})
 class Callee:
-    async def stream(self, items: int) -> AsyncIterator[int]:
+    async def stream(self, items: int, gap_s: float) -> AsyncIterator[int]:
         for i in range(items):
+            if gap_s:
+                await asyncio.sleep(gap_s)
             yield i
 
     def cpu_s(self) -> float:
@@ -52,7 +57,7 @@ class Caller:
         # As the ingress calls its stages (deployments/ingress.py): the standard pickle both ways.
         self._callee = callee.options(request_serialization="pickle", response_serialization="pickle")
 
-    async def run(self, calls: int, items: int, by_reference: bool) -> dict[str, Any]:
+    async def run(self, calls: int, items: int, by_reference: bool, gap_s: float) -> dict[str, Any]:
         """`calls` sequential streaming calls of `items` items each, then as long at rest; CPU seconds of both."""
         stream = self._callee.options(stream=True, _by_reference=by_reference)
         first_s: list[float] = []
@@ -60,7 +65,7 @@ class Caller:
         start = time.perf_counter()
         for _ in range(calls):
             sent = time.perf_counter()
-            response = stream.stream.remote(items)
+            response = stream.stream.remote(items, gap_s)
             assert isinstance(response, DeploymentResponseGenerator)
             async for i in response:
                 if i == 0:
@@ -122,26 +127,26 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def measure(calls: int, items: int, rounds: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
+def measure(calls: int, items: int, rounds: int, gap_s: float) -> dict[tuple[str, int], list[dict[str, Any]]]:
     """Deploys the pair, runs every (transport, items) cell `rounds` times, interleaved, and removes it."""
     # Typed as classes by mypy; `serve.deployment` made them Deployments.
     serve.run(cast(Deployment, Caller).bind(cast(Deployment, Callee).bind()), name=APP, route_prefix=None)
     try:
-        return asyncio.run(_cells(calls, items, rounds))
+        return asyncio.run(_cells(calls, items, rounds, gap_s))
     finally:
         serve.delete(APP)
 
 
-async def _cells(calls: int, items: int, rounds: int) -> dict[tuple[str, int], list[dict[str, Any]]]:
+async def _cells(calls: int, items: int, rounds: int, gap_s: float) -> dict[tuple[str, int], list[dict[str, Any]]]:
     # Called from a running event loop: in Serve's throughput mode (configs/ray.env exported) a handle's
     # router runs on the caller's loop, and a handle used from plain synchronous code fails.
     handle = serve.get_app_handle(APP)
-    await handle.run.remote(10, items, False)  # warm: connections, imports, first-call caches
+    await handle.run.remote(10, items, False, gap_s)  # warm: connections, imports, first-call caches
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for _ in range(rounds):
         for transport, by_reference in TRANSPORTS.items():
             for n in (1, items):
-                runs.setdefault((transport, n), []).append(await handle.run.remote(calls, n, by_reference))
+                runs.setdefault((transport, n), []).append(await handle.run.remote(calls, n, by_reference, gap_s))
     return runs
 
 
@@ -150,17 +155,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=300, help="calls per cell")
     parser.add_argument("--items", type=int, default=9, help="items streamed per call in the second cell (>= 2)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of every cell; rows give their median")
+    parser.add_argument("--gap-ms", type=float, default=0.0, help="the callee's wait before each item (0: none)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.items < 2:
         parser.error("--items must be at least 2")
-    runs = measure(args.calls, args.items, args.rounds)
+    runs = measure(args.calls, args.items, args.rounds, args.gap_ms / 1000)
     result = {
         "kind": "hop_cost",
         **run_meta("load.hop_cost", list(argv) if argv is not None else None),
         "calls": args.calls,
         "items": args.items,
         "rounds": args.rounds,
+        "gap_ms": args.gap_ms,
         "runs": {f"{transport}/{n}": run for (transport, n), run in runs.items()},
         "rows": rows(runs, args.calls, args.items),
     }

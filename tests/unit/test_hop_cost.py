@@ -48,3 +48,12 @@ def test_the_section_shows_a_row_per_transport() -> None:
     page = benchmarks_page.render([result], None)
     assert "## One Ray Serve hop's CPU (300 calls a cell, 9 items in the second, median of 3 rounds)" in page
     assert "| grpc | 2.28 | 1.77 | 4.05 | 0.36 | 3.46 |" in page
+
+
+def test_the_section_says_how_long_each_item_waited() -> None:
+    rows = [{"transport": "grpc", "caller_ms_per_call": 1.7, "callee_ms_per_call": 1.4, "ms_per_call": 3.1,
+             "ms_per_item": 0.9, "first_item_p50_ms": 16.0}]  # fmt: skip
+    result = {**META, "kind": "hop_cost", "calls": 200, "items": 4, "rounds": 3, "gap_ms": 15.0, "rows": rows}
+    page = benchmarks_page.render([result], None)
+    title = "## One Ray Serve hop's CPU (200 calls a cell, 4 items in the second, each item 15 ms after the last,"
+    assert title + " median of 3 rounds)" in page

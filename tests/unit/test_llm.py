@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 from vllm.logprobs import Logprob
 from vllm.sampling_params import RequestOutputKind
@@ -24,7 +25,14 @@ from serve_app.errors import (
     OverloadedError,
     ServiceUnavailableError,
 )
-from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
+from serve_app.messages import (
+    ChoiceDelta,
+    GenerateRequest,
+    GenerationChunk,
+    ProcessedImage,
+    SamplingSpec,
+    TokenLogprob,
+)
 from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
 from tests.unit.vllm_support import output
 
@@ -125,9 +133,22 @@ async def test_chunks_are_converted() -> None:
     ]
     assert engine.exit == "finished"
     [(prompt, params, request_id)] = engine.calls
-    assert prompt == {"prompt_token_ids": [1, 2, 3]}
+    assert prompt == {"type": "token", "prompt_token_ids": [1, 2, 3]}  # rendered: no renderer thread hop
     assert request_id == "req-1"
     assert (params.n, params.max_tokens, params.output_kind) == (2, 8, RequestOutputKind.DELTA)
+
+
+async def test_images_go_to_the_engine_as_a_raw_prompt_for_its_multimodal_processor() -> None:
+    engine = FakeEngine([FakeOutput([FakeCompletion(0, "a", [5], "length")], finished=True)])
+    pixels = np.zeros((2, 2, 3), np.uint8)
+    image = ProcessedImage(pixels, "h", 4, cache_hit=False)
+    req = GenerateRequest("req-1", [1, 2, 3], SamplingSpec(max_tokens=1), images=[image])
+    await collect(LLMStage(engine), req)
+    [(prompt, _, _)] = engine.calls
+    assert "type" not in prompt  # vLLM renders it, running the model's processor
+    assert prompt["prompt_token_ids"] == [1, 2, 3]
+    assert prompt["multi_modal_data"]["image"][0] is pixels
+    assert prompt["multi_modal_uuids"] == {"image": ["h"]}
 
 
 async def test_outputs_sooner_than_the_stream_interval_go_out_merged() -> None:
