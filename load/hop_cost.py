@@ -160,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.items < 2:
         parser.error("--items must be at least 2")
+    if args.gap_ms < 0:
+        parser.error("--gap-ms must not be negative")
     runs = measure(args.calls, args.items, args.rounds, args.gap_ms / 1000)
     result = {
         "kind": "hop_cost",

@@ -280,8 +280,8 @@ class LLMStage:
             )
         else:
             # Already rendered (token ids): vLLM checks it on this loop, as it does for `vllm serve`, instead
-            # of handing it to its renderer's thread pool (a thread switch a request, ~9 % of this
-            # replica's Python time at rest).
+            # of handing it to its renderer's thread pool: a thread switch a request (0.78 against 0.63 ms
+            # of CPU a one-token request, docs/benchmarks-notes.md, stop 44).
             prompt = tokens_input(request.prompt_token_ids)
         n = self._admit(request.sampling.n)
         submitted = time.perf_counter()

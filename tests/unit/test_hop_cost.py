@@ -57,3 +57,9 @@ def test_the_section_says_how_long_each_item_waited() -> None:
     page = benchmarks_page.render([result], None)
     title = "## One Ray Serve hop's CPU (200 calls a cell, 4 items in the second, each item 15 ms after the last,"
     assert title + " median of 3 rounds)" in page
+
+
+def test_a_negative_gap_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        hop_cost.main(["--gap-ms", "-5"])
+    assert "--gap-ms must not be negative" in capsys.readouterr().err
