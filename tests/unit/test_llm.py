@@ -33,7 +33,7 @@ from serve_app.messages import (
     SamplingSpec,
     TokenLogprob,
 )
-from serve_app.stages.llm import LLMStage, to_chunk, to_sampling_params
+from serve_app.stages.llm import LLMStage, to_chunk
 from tests.unit.vllm_support import output
 
 
@@ -165,76 +165,6 @@ async def test_outputs_sooner_than_the_stream_interval_go_out_merged() -> None:
 def test_to_chunk_without_prompt_ids() -> None:
     chunk = to_chunk(FakeOutput([FakeCompletion(0, "", [])], prompt_token_ids=None), SamplingSpec(max_tokens=1))
     assert chunk == GenerationChunk([ChoiceDelta(0, "", [], None)], 0, False)
-
-
-def test_to_sampling_params_maps_every_field() -> None:
-    spec = SamplingSpec(
-        max_tokens=17,
-        n=3,
-        temperature=0.7,
-        top_p=0.9,
-        top_k=40,
-        min_p=0.05,
-        seed=1234,
-        stop=["\n\n", "END"],
-        stop_token_ids=[2, 5],
-        ignore_eos=True,
-        min_tokens=2,
-        presence_penalty=0.5,
-        frequency_penalty=-0.5,
-        repetition_penalty=1.1,
-        logprobs=3,
-        include_stop_str_in_output=True,
-        skip_special_tokens=False,
-    )
-    p = to_sampling_params(spec)
-    assert (p.max_tokens, p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (
-        17,
-        3,
-        0.7,
-        0.9,
-        40,
-        0.05,
-        1234,
-    )
-    assert (p.stop, p.stop_token_ids, p.ignore_eos, p.min_tokens) == (["\n\n", "END"], [2, 5], True, 2)
-    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.1)
-    assert (p.logprobs, p.include_stop_str_in_output, p.skip_special_tokens) == (3, True, False)
-    assert p.output_kind == RequestOutputKind.DELTA
-
-
-def test_to_sampling_params_leaves_unset_fields_to_vllm() -> None:
-    p = to_sampling_params(SamplingSpec(max_tokens=4))
-    assert (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.repetition_penalty) == (
-        1.0,
-        1.0,
-        0.0,
-        0.0,
-        1.0,
-    )
-    assert (p.n, p.seed, p.logprobs, p.stop, p.skip_special_tokens) == (1, None, None, [], True)
-
-
-@pytest.mark.parametrize(
-    ("fields", "words"),
-    [
-        ({"n": 0}, "n must be at least 1"),
-        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
-        ({"temperature": -1.0}, "temperature must be non-negative"),
-        ({"max_tokens": 0}, "max_tokens must be at least 1"),
-        ({"min_p": 2.0}, "min_p must be in [0, 1]"),
-        ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2]"),
-        ({"repetition_penalty": 0.0}, "repetition_penalty must be greater than zero"),
-        ({"top_k": -2}, "top_k must be 0 (disable), or at least 1"),
-        ({"n": 2, "temperature": 0.0}, "n must be 1 when using greedy sampling"),
-        ({"min_tokens": 5, "max_tokens": 2}, "min_tokens must be less than or equal to max_tokens"),
-    ],
-)
-def test_values_vllm_rejects_are_400(fields: dict[str, Any], words: str) -> None:
-    with pytest.raises(BadRequestError) as info:
-        to_sampling_params(SamplingSpec(**{"max_tokens": 8, **fields}))
-    assert info.value.status_code == 400
-    assert words in info.value.message
 
 
 async def test_priority_goes_to_the_engine_beside_the_sampling_params() -> None:
