@@ -19,6 +19,13 @@ from serve_app.stages.llm import LLMStage
 class LLM(LLMStage):
     def __init__(self, args: AppArgs) -> None:
         super().__init__(*LLMStage.parts(args))
+        # vLLM reads its environment variables on every access unless told to cache them, which its engine
+        # core does once started. Its output handler here reads some for every output of every request
+        # (4 % of this replica's Python samples at concurrency 32, docs/benchmarks-notes.md, stop 45); the
+        # replica's environment does not change once its engine runs.
+        from vllm import envs
+
+        envs.enable_envs_cache()
 
     async def metrics_text(self) -> str:
         # vLLM registers its engine metrics in this process's default registry. Imported here: Serve
