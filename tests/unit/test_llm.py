@@ -1,6 +1,7 @@
 """serve_app/stages/llm.py driven by a fake engine (no vLLM engine process).
 
-vLLM's own `SamplingParams`, `Logprob` and `EngineDeadError` are the real classes.
+What the engine yields is vLLM's own `RequestOutput`; `SamplingParams`, `Logprob` and `EngineDeadError`
+are the real classes too.
 """
 
 from __future__ import annotations
@@ -9,12 +10,12 @@ import asyncio
 import math
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pytest
 from vllm.logprobs import Logprob
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
@@ -34,30 +35,13 @@ from serve_app.messages import (
     TokenLogprob,
 )
 from serve_app.stages.llm import LLMStage, to_chunk
-from tests.unit.vllm_support import output
-
-
-@dataclass
-class FakeCompletion:  # shaped like vllm.outputs.CompletionOutput
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    logprobs: list[dict[int, Logprob]] | None = None
-
-
-@dataclass
-class FakeOutput:  # shaped like vllm.outputs.RequestOutput
-    outputs: list[FakeCompletion]
-    prompt_token_ids: list[int] | None = field(default_factory=lambda: [1, 2, 3])
-    finished: bool = False
+from tests.unit.vllm_support import completion, output, request_output
 
 
 class FakeEngine:
     """Yields `outputs`, then raises `error`; `wait` (an Event) makes it hang after the outputs."""
 
-    def __init__(self, outputs: list[FakeOutput], error: BaseException | None = None) -> None:
+    def __init__(self, outputs: list[RequestOutput], error: BaseException | None = None) -> None:
         self.outputs = outputs
         self.error = error
         self.wait: asyncio.Event | None = None
@@ -100,8 +84,8 @@ class FakeEngine:
         self.shut_down = True
 
 
-def step(text: str, token_ids: list[int], finish: str | None = None, finished: bool = False) -> FakeOutput:
-    return FakeOutput([FakeCompletion(0, text, token_ids, finish_reason=finish)], finished=finished)
+def step(text: str, token_ids: list[int], finish: str | None = None, finished: bool = False) -> RequestOutput:
+    return request_output(completion(0, text, token_ids, finish), finished=finished)
 
 
 def request(**sampling: Any) -> GenerateRequest:
@@ -114,12 +98,8 @@ async def collect(stage: LLMStage, req: GenerateRequest) -> list[GenerationChunk
 
 async def test_chunks_are_converted() -> None:
     outputs = [
-        FakeOutput([FakeCompletion(0, "He", [10, 11]), FakeCompletion(1, "Yo", [12])]),
-        FakeOutput(
-            [FakeCompletion(1, "!", [13], "stop", "!"), FakeCompletion(0, "y", [14], "length")],
-            prompt_token_ids=[1, 2, 3],
-            finished=True,
-        ),
+        request_output(completion(0, "He", [10, 11]), completion(1, "Yo", [12])),
+        request_output(completion(1, "!", [13], "stop", "!"), completion(0, "y", [14], "length"), finished=True),
     ]
     engine = FakeEngine(outputs)
     chunks = await collect(LLMStage(engine), request(n=2))
@@ -139,7 +119,7 @@ async def test_chunks_are_converted() -> None:
 
 
 async def test_images_go_to_the_engine_as_a_raw_prompt_for_its_multimodal_processor() -> None:
-    engine = FakeEngine([FakeOutput([FakeCompletion(0, "a", [5], "length")], finished=True)])
+    engine = FakeEngine([request_output(completion(0, "a", [5], "length"), finished=True)])
     pixels = np.zeros((2, 2, 3), np.uint8)
     image = ProcessedImage(pixels, "h", 4, cache_hit=False)
     req = GenerateRequest("req-1", [1, 2, 3], SamplingSpec(max_tokens=1), images=[image])
@@ -163,7 +143,7 @@ async def test_outputs_sooner_than_the_stream_interval_go_out_merged() -> None:
 
 
 def test_to_chunk_without_prompt_ids() -> None:
-    chunk = to_chunk(FakeOutput([FakeCompletion(0, "", [])], prompt_token_ids=None), SamplingSpec(max_tokens=1))
+    chunk = to_chunk(request_output(completion(0, "", []), prompt_token_ids=None), SamplingSpec(max_tokens=1))
     assert chunk == GenerationChunk([ChoiceDelta(0, "", [], None)], 0, False)
 
 
@@ -193,7 +173,7 @@ def test_logprobs_are_converted_with_floor_and_rank_order() -> None:
         21: Logprob(-1.0, rank=1, decoded_token="é"),
     }
     third = {12: Logprob(math.nan, rank=1, decoded_token=None)}
-    output = FakeOutput([FakeCompletion(0, "adz", [10, 11, 12], logprobs=[first, second, third])])
+    output = request_output(completion(0, "adz", [10, 11, 12], logprobs=[first, second, third]))
     [delta] = to_chunk(output, SamplingSpec(max_tokens=3, logprobs=2)).deltas
     assert delta.logprobs == [
         TokenLogprob("a", -0.5, [97], [("b", -0.1, [98]), ("a", -0.5, [97])]),
@@ -204,14 +184,14 @@ def test_logprobs_are_converted_with_floor_and_rank_order() -> None:
 
 def test_logprobs_zero_keeps_only_the_chosen_token() -> None:
     candidates = {10: Logprob(-0.5, rank=2, decoded_token="a"), 20: Logprob(-0.1, rank=1, decoded_token="b")}
-    output = FakeOutput([FakeCompletion(0, "a", [10], logprobs=[candidates])])
+    output = request_output(completion(0, "a", [10], logprobs=[candidates]))
     [delta] = to_chunk(output, SamplingSpec(max_tokens=1, logprobs=0)).deltas
     assert delta.logprobs == [TokenLogprob("a", -0.5, [97], [])]
 
 
 def test_logprobs_not_requested_are_dropped() -> None:
     candidates = {10: Logprob(-0.5, rank=1, decoded_token="a")}
-    output = FakeOutput([FakeCompletion(0, "a", [10], logprobs=[candidates])])
+    output = request_output(completion(0, "a", [10], logprobs=[candidates]))
     assert to_chunk(output, SamplingSpec(max_tokens=1)).deltas[0].logprobs is None
 
 
@@ -239,7 +219,7 @@ async def test_cancelling_the_consumer_cancels_the_engine_generator() -> None:
 
 
 @pytest.mark.parametrize("outputs", [[], [step("a", [1])]])
-async def test_engine_death_becomes_engine_dead_error(outputs: list[FakeOutput]) -> None:
+async def test_engine_death_becomes_engine_dead_error(outputs: list[RequestOutput]) -> None:
     dead = VLLMEngineDeadError()
     engine = FakeEngine(outputs, error=dead)
     chunks: list[GenerationChunk] = []
