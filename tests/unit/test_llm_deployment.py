@@ -29,14 +29,17 @@ def uncached_envs() -> Iterator[None]:
     envs.disable_envs_cache()  # other tests set vLLM's variables and expect them read
 
 
-def test_the_replica_caches_vllms_environment_once_its_engine_runs(
-    monkeypatch: pytest.MonkeyPatch, uncached_envs: None
-) -> None:
+@pytest.mark.usefixtures("uncached_envs")
+def test_the_replica_reads_vllms_environment_once_its_engine_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine starts with the environment as it is then; from there on vLLM's variables are cached
+    (a later change is not seen). The replica's destructor still shuts the engine down."""
+    monkeypatch.setenv("VLLM_COMPUTE_NANS_IN_LOGITS", "0")
     built: list[AppArgs] = []
     engine = Engine()
 
     def parts(args: AppArgs) -> tuple[Any, ...]:
-        assert not envs._is_envs_cache_enabled()  # not before the engine has started with its environment
+        monkeypatch.setenv("VLLM_COMPUTE_NANS_IN_LOGITS", "1")  # as the replica sets OpenMP's before starting it
+        assert envs.VLLM_COMPUTE_NANS_IN_LOGITS  # read as it is while the engine is built
         built.append(args)
         return engine, None, None, None, 0.0
 
@@ -44,6 +47,7 @@ def test_the_replica_caches_vllms_environment_once_its_engine_runs(
     args: Any = object()
     replica = LLM.func_or_class(args)
     assert built == [args]
-    assert envs._is_envs_cache_enabled()
+    monkeypatch.setenv("VLLM_COMPUTE_NANS_IN_LOGITS", "0")
+    assert envs.VLLM_COMPUTE_NANS_IN_LOGITS  # cached: the output handler no longer reads os.environ
     del replica
     assert engine.shut_down
