@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from ray.serve import Deployment
 from vllm import envs
 
 from deployments.llm import LLM
@@ -45,7 +46,8 @@ def test_the_replica_reads_vllms_environment_once_its_engine_runs(monkeypatch: p
 
     monkeypatch.setattr(LLMStage, "parts", staticmethod(parts))
     args: Any = object()
-    replica = LLM.func_or_class(args)
+    llm: Any = cast(Deployment, LLM).func_or_class  # the class under Serve's decorator
+    replica = llm(args)
     assert built == [args]
     monkeypatch.setenv("VLLM_COMPUTE_NANS_IN_LOGITS", "0")
     assert envs.VLLM_COMPUTE_NANS_IN_LOGITS  # cached: the output handler no longer reads os.environ
