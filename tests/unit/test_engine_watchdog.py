@@ -10,7 +10,8 @@ from serve_app.errors import EngineDeadError
 from serve_app.messages import GenerationChunk
 from serve_app.stages.engine_watchdog import EngineWatchdog
 from serve_app.stages.llm import LLMStage
-from tests.unit.test_llm import FakeEngine, request, step
+from tests.unit.test_llm import FakeEngine, request
+from tests.unit.vllm_support import completion, output, request_output
 
 TIMEOUT_S = 10.0
 
@@ -30,7 +31,7 @@ def clock() -> Clock:
 
 def hanging_engine() -> FakeEngine:
     """Yields one output, then waits forever, as an engine whose process is stopped."""
-    engine = FakeEngine([step("a", [1])])
+    engine = FakeEngine([output((0, "a", [1]))])
     engine.wait = asyncio.Event()
     return engine
 
@@ -63,7 +64,7 @@ async def test_a_stalled_engine_is_declared_hung_and_fails_its_requests(clock: C
 
 
 async def test_a_hang_while_an_output_is_held_for_pacing_fails_the_request(clock: Clock) -> None:
-    engine = FakeEngine([step("a", [1]), step("b", [2])])
+    engine = FakeEngine([output((0, "a", [1])), output((0, "b", [2]))])
     engine.wait = asyncio.Event()
     stage = LLMStage(engine, watchdog=EngineWatchdog(TIMEOUT_S, clock), stream_interval_s=1000.0)
     received: list[GenerationChunk] = []
@@ -102,7 +103,7 @@ async def test_once_hung_new_requests_and_health_checks_are_refused(clock: Clock
 
 
 async def test_an_idle_engine_is_never_hung(clock: Clock) -> None:
-    engine = FakeEngine([step("a", [1]), step("b", [2], "stop", finished=True)])
+    engine = FakeEngine([output((0, "a", [1])), request_output(completion(0, "b", [2], "stop"), finished=True)])
     stage = stage_with(engine, clock)
     clock.now += 10 * TIMEOUT_S
     await stage.check_health()
@@ -112,7 +113,7 @@ async def test_an_idle_engine_is_never_hung(clock: Clock) -> None:
 
 
 async def test_progress_resets_the_timer(clock: Clock) -> None:
-    engine = FakeEngine([step("a", [1]), step("b", [2])])
+    engine = FakeEngine([output((0, "a", [1])), output((0, "b", [2]))])
     engine.wait = asyncio.Event()
     stage = stage_with(engine, clock)
     stream = stage.generate(request())
@@ -130,7 +131,7 @@ async def test_progress_resets_the_timer(clock: Clock) -> None:
 
 
 async def test_a_request_held_by_its_slow_consumer_is_not_waiting_on_the_engine(clock: Clock) -> None:
-    engine = FakeEngine([step("a", [1]), step("b", [2], "stop", finished=True)])
+    engine = FakeEngine([output((0, "a", [1])), request_output(completion(0, "b", [2], "stop"), finished=True)])
     stage = stage_with(engine, clock)
     stream = stage.generate(request())
     await anext(stream)  # then the client stops reading

@@ -84,10 +84,6 @@ class FakeEngine:
         self.shut_down = True
 
 
-def step(text: str, token_ids: list[int], finish: str | None = None, finished: bool = False) -> RequestOutput:
-    return request_output(completion(0, text, token_ids, finish), finished=finished)
-
-
 def request(**sampling: Any) -> GenerateRequest:
     return GenerateRequest("req-1", [1, 2, 3], SamplingSpec(**{"max_tokens": 8, **sampling}))
 
@@ -148,14 +144,14 @@ def test_to_chunk_without_prompt_ids() -> None:
 
 
 async def test_priority_goes_to_the_engine_beside_the_sampling_params() -> None:
-    engine = FakeEngine([step("x", [1], "length", finished=True)])
+    engine = FakeEngine([output((0, "x", [1]), finished=True)])
     await collect(LLMStage(engine), request())
     await collect(LLMStage(engine), request(priority=-3))
     assert engine.priorities == [0, -3]
 
 
 async def test_invalid_sampling_fails_before_the_engine_is_called() -> None:
-    engine = FakeEngine([step("x", [1])])
+    engine = FakeEngine([output((0, "x", [1]))])
     with pytest.raises(BadRequestError):
         await collect(LLMStage(engine), request(n=0))
     assert engine.calls == []
@@ -196,7 +192,7 @@ def test_logprobs_not_requested_are_dropped() -> None:
 
 
 async def test_closing_the_stage_stream_closes_the_engine_generator() -> None:
-    engine = FakeEngine([step("a", [1]), step("b", [2]), step("c", [3])])
+    engine = FakeEngine([output((0, "a", [1])), output((0, "b", [2])), output((0, "c", [3]))])
     stream = LLMStage(engine).generate(request())
     first = await anext(stream)
     assert first.deltas[0].text == "a"
@@ -206,7 +202,7 @@ async def test_closing_the_stage_stream_closes_the_engine_generator() -> None:
 
 
 async def test_cancelling_the_consumer_cancels_the_engine_generator() -> None:
-    engine = FakeEngine([step("a", [1])])
+    engine = FakeEngine([output((0, "a", [1]))])
     engine.wait = asyncio.Event()  # never set: the engine is busy generating
     stream = LLMStage(engine).generate(request())
     await anext(stream)
@@ -218,7 +214,7 @@ async def test_cancelling_the_consumer_cancels_the_engine_generator() -> None:
     assert engine.exit == "cancelled"
 
 
-@pytest.mark.parametrize("outputs", [[], [step("a", [1])]])
+@pytest.mark.parametrize("outputs", [[], [output((0, "a", [1]))]])
 async def test_engine_death_becomes_engine_dead_error(outputs: list[RequestOutput]) -> None:
     dead = VLLMEngineDeadError()
     engine = FakeEngine(outputs, error=dead)
@@ -244,7 +240,7 @@ async def test_value_errors_after_the_first_chunk_are_not_400(error: Exception) 
     # vLLM checks a request before its first output: later, such an error is a fault, not the client's.
     chunks: list[GenerationChunk] = []
     with pytest.raises(type(error), match="bug"):
-        async for chunk in LLMStage(FakeEngine([step("a", [1])], error=error)).generate(request()):
+        async for chunk in LLMStage(FakeEngine([output((0, "a", [1]))], error=error)).generate(request()):
             chunks.append(chunk)
     assert len(chunks) == 1
 
@@ -276,7 +272,7 @@ async def test_check_health_and_delegation() -> None:
 
 
 async def test_local_llm_client_wraps_the_stage() -> None:
-    engine = FakeEngine([step("a", [1], "length", finished=True)])
+    engine = FakeEngine([output((0, "a", [1]), finished=True)])
     client = LLMStage(engine)
     assert [c.deltas[0].text async for c in client.generate(request())] == ["a"]
     assert (await client.metrics_text(), await client.check_health()) == ("", None)
@@ -285,7 +281,7 @@ async def test_local_llm_client_wraps_the_stage() -> None:
 
 
 async def test_the_engine_queue_bound_counts_sequences_and_frees_them() -> None:
-    engine = FakeEngine([step("a", [1])])
+    engine = FakeEngine([output((0, "a", [1]))])
     engine.wait = asyncio.Event()
     stage = LLMStage(engine, max_seqs=3)
     held = stage.generate(request(n=2))
@@ -309,7 +305,7 @@ async def test_more_choices_than_the_engine_holds_is_a_400() -> None:
 
 
 async def test_a_request_past_its_deadline_never_reaches_the_engine() -> None:
-    engine = FakeEngine([step("a", [1])])
+    engine = FakeEngine([output((0, "a", [1]))])
     late = GenerateRequest("req-1", [1, 2, 3], SamplingSpec(max_tokens=8), deadline=time.time() - 1)
     with pytest.raises(DeadlineExceededError, match="llm"):
         await collect(LLMStage(engine), late)
