@@ -12,15 +12,7 @@ from vllm import envs
 from deployments.llm import LLM
 from serve_app.config import AppArgs
 from serve_app.stages.llm import LLMStage
-
-
-class Engine:
-    """Only what the replica calls outside a request: its destructor shuts the engine down."""
-
-    shut_down = False
-
-    def shutdown(self) -> None:
-        self.shut_down = True
+from tests.unit.test_llm import FakeEngine
 
 
 @pytest.fixture
@@ -36,7 +28,7 @@ def test_the_replica_reads_vllms_environment_once_its_engine_runs(monkeypatch: p
     (a later change is not seen). The replica's destructor still shuts the engine down."""
     monkeypatch.setenv("VLLM_COMPUTE_NANS_IN_LOGITS", "0")
     built: list[AppArgs] = []
-    engine = Engine()
+    engine = FakeEngine([])
 
     def parts(args: AppArgs) -> tuple[Any, ...]:
         monkeypatch.setenv("VLLM_COMPUTE_NANS_IN_LOGITS", "1")  # as the replica sets OpenMP's before starting it
