@@ -9,6 +9,7 @@ that break it (engine death) wait for Serve to repair it before they end.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,11 +84,11 @@ def cluster() -> Iterator[Any]:
     try:
         for name, node in nodes:
             cluster.add_node(**node, resources={name: 100})
-        ray.init(address=cluster.address, logging_level="WARNING", runtime_env={"env_vars": WORKER_ENV})
+        ray.init(address=cluster.address, logging_level=logging.WARNING, runtime_env={"env_vars": WORKER_ENV})
         yield cluster
     finally:
         ray.shutdown()
-        cluster.shutdown()
+        cluster.shutdown()  # type: ignore[no-untyped-call]
         # The fault tests SIGKILL engines on purpose, and a killed EngineCore cannot unlink its shared-memory
         # queues: left alone, every run would leave a dozen files in /dev/shm.
         remove_orphaned_engine_files(shm_before)
@@ -103,7 +104,9 @@ def graph(cluster: Any, tiny_model: Path, tiny_vision_model: Path, tiny_tts_mode
     # Serve's proxies start where the config says from the first moment; `serve.start`'s default puts
     # one on every node until the deploy moves them.
     serve.start(proxy_location=config["proxy_location"], http_options=config["http_options"])
-    _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
+    client = _get_global_client()
+    assert client is not None  # serve.start just made it
+    client.deploy_apps(ServeDeploySchema.model_validate(config))
     base_url = f"http://127.0.0.1:{PORT}"
     try:
         for prefix in ("", LIMITS_PREFIX):
@@ -111,7 +114,7 @@ def graph(cluster: Any, tiny_model: Path, tiny_vision_model: Path, tiny_tts_mode
                      f"the graph at `{prefix or '/'}` to be healthy")  # fmt: skip
         yield base_url
     finally:
-        serve.shutdown()
+        serve.shutdown()  # type: ignore[no-untyped-call]
 
 
 def openai_client(base_url: str) -> Any:

@@ -6,9 +6,10 @@ import copy
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
+import openai
 import yaml
 
 from load.serve_config import pin_local_paths
@@ -32,7 +33,7 @@ LIMITS_PREFIX = "/limits"
 # is still running when the test is done with it on any engine (30,000 tokens: a minute at the fastest
 # single-sequence decode measured here, ~500 tokens/s), unless aborted.
 LIMITS_MAX_MODEL_LEN = 32768
-LONG = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 30000, "ignore_eos": True}
+LONG: dict[str, Any] = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 30000, "ignore_eos": True}
 # The session's Ray cluster simulates three node types on this machine, each advertising one custom
 # resource, and the test config pins every stage to one of them as a real cluster's YAML would (the
 # engines would ask for `num_gpus` there; a GPU cannot be simulated here).
@@ -131,6 +132,11 @@ def stage_health(base_url: str, app: str) -> dict[str, str]:
     body = httpx.get(f"{base_url}/health?verbose", timeout=5).json()
     stages: dict[str, str] = body["stages"] if "stages" in body else body["applications"][app]["stages"]
     return stages
+
+
+def error_fields(error: openai.APIError) -> dict[str, Any]:
+    """The fields of an `openai` error's JSON error object (`code`, `param`...): the client types it `object`."""
+    return cast(dict[str, Any], error.body)
 
 
 def graph_healthy(base_url: str) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
+from ray.serve._private.common import ReplicaState
 
 from tests.integration.support import LIMITS_APP, TEXT_MODEL, deployment, wait_for
 
@@ -20,7 +21,7 @@ PROMPT = "the quick brown fox jumps over the lazy dog while parsing json and yam
 
 def running_replicas(stage: str) -> int:
     status = serve.status().applications[LIMITS_APP].deployments[deployment(TEXT_MODEL, stage)]
-    return int(status.replica_states.get("RUNNING", 0))
+    return int(status.replica_states.get(ReplicaState.RUNNING, 0))
 
 
 def target_replicas(metrics_url: str, stage: str) -> float | None:

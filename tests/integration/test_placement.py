@@ -13,7 +13,7 @@ from tests.integration.support import NODES, STAGE_NODE
 def node_types() -> dict[str, str]:
     """Node id -> the simulated node type it advertises."""
     types = {}
-    for node in ray.nodes():
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
         if node["Alive"]:
             (kind,) = [name for name in NODES if name in node["Resources"]]
             types[node["NodeID"]] = kind

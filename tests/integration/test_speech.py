@@ -15,7 +15,7 @@ import pytest
 
 from serve_app.config import TtsConfig
 from serve_app.ingress.speech.serving import max_audio_tokens
-from tests.integration.support import TTS_MODEL, load_test_config, model_args
+from tests.integration.support import TTS_MODEL, error_fields, load_test_config, model_args
 from tests.unit.tts_support import LOSSY_SLACK_S, decode_audio
 
 TTS = TtsConfig.model_validate(model_args(load_test_config(), TTS_MODEL)["tts"])
@@ -88,7 +88,7 @@ def test_the_voices_route_lists_the_configured_voices(graph: str) -> None:
 def test_bad_speech_requests_are_400(tts_client: Any, graph: str, fields: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         tts_client.audio.speech.create(**({"model": "tiny-orpheus", "voice": "tara", "input": "hi"} | fields))
-    assert info.value.body["param"] == param
+    assert error_fields(info.value)["param"] == param
     assert httpx.get(f"{graph}/health", timeout=5).status_code == 200
 
 

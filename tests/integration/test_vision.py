@@ -9,14 +9,14 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
 from PIL import Image
 
-from tests.integration.support import ALLOWED_LOOPBACK
+from tests.integration.support import ALLOWED_LOOPBACK, error_fields
 
 TOKENS_PER_IMAGE = 16  # 56x56 pixels in 14-pixel patches
 
@@ -91,7 +91,7 @@ def test_priority_on_the_vision_model_and_not_on_the_text_model(vision_client: A
     assert urgent.usage.completion_tokens == 2
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny-chat", messages=messages, max_tokens=2, extra_body={"priority": -1})
-    assert info.value.body["param"] == "priority"
+    assert error_fields(info.value)["param"] == "priority"
 
 
 def test_repeated_images_hit_the_cache(vision_client: Any, graph: str) -> None:
@@ -120,7 +120,7 @@ BAD_IMAGES = [
 def test_bad_images_are_400_and_the_graph_stays_healthy(vision_client: Any, graph: str, url: str, code: str) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         vision_client.chat.completions.create(model="tiny-llava", messages=image_messages(url), max_tokens=1)
-    assert info.value.body["code"] == code
+    assert error_fields(info.value)["code"] == code
     assert httpx.get(f"{graph}/health", timeout=5).status_code == 200
 
 
@@ -128,7 +128,7 @@ def test_too_many_images(vision_client: Any) -> None:
     url = data_url(jpeg((7, 7, 7), (64, 64)))
     with pytest.raises(openai.BadRequestError) as info:
         vision_client.chat.completions.create(model="tiny-llava", messages=image_messages(*[url] * 5), max_tokens=1)
-    assert info.value.body["code"] == "too_many_images"
+    assert error_fields(info.value)["code"] == "too_many_images"
 
 
 def test_the_text_model_refuses_images(client: Any) -> None:
@@ -136,7 +136,7 @@ def test_the_text_model_refuses_images(client: Any) -> None:
         client.chat.completions.create(
             model="tiny-chat", messages=image_messages(data_url(jpeg((1, 1, 1)))), max_tokens=1
         )
-    assert info.value.body["code"] == "model_not_multimodal"
+    assert error_fields(info.value)["code"] == "model_not_multimodal"
 
 
 class _ImageServer(BaseHTTPRequestHandler):
@@ -161,8 +161,8 @@ def image_servers() -> Iterator[dict[str, str]]:
     servers = [ThreadingHTTPServer((host, 0), _ImageServer) for host in ("127.0.0.1", ALLOWED_LOOPBACK)]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield {server.server_address[0]: f"http://{server.server_address[0]}:{server.server_address[1]}/photo.jpg"
-           for server in servers}  # fmt: skip
+    addresses = [cast(tuple[str, int], server.server_address) for server in servers]  # AF_INET: (host, port)
+    yield {host: f"http://{host}:{port}/photo.jpg" for host, port in addresses}
     for server in servers:
         server.shutdown()
         server.server_close()
@@ -174,7 +174,7 @@ def test_loopback_urls_are_refused_by_default(vision_client: Any, image_servers:
         vision_client.chat.completions.create(
             model="tiny-llava", messages=image_messages(image_servers["127.0.0.1"]), max_tokens=1
         )
-    assert info.value.body["code"] == "url_not_allowed"
+    assert error_fields(info.value)["code"] == "url_not_allowed"
     assert _ImageServer.hits == before  # refused before connecting
 
 

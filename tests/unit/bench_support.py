@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from load.bench.targets import free_port
+from load.ports import free_port
 from serve_app.config import parse_app_args
 from serve_app.ingress.pipeline.clients import LLMClient
 from serve_app.ingress.pipeline.services import Services

@@ -188,8 +188,10 @@ def test_report_column_and_role_table() -> None:
     vllm_cpu = meter.measure("vllm", BEFORE, after(spent))
     assert meter.measure("baseline", BEFORE, after(spent)) is None  # no scope: not measured
     # At rest, over 2 s: the graph's ingress 0.1 s and engine 0.2 s, vllm's API server 0.02 s.
-    rest = {"graph": meter.measure("graph", BEFORE, after({23: 0.1, 21: 0.2})),
-            "vllm": meter.measure("vllm", BEFORE, after({30: 0.02}))}  # fmt: skip
+    graph_rest = meter.measure("graph", BEFORE, after({23: 0.1, 21: 0.2}))
+    vllm_rest = meter.measure("vllm", BEFORE, after({30: 0.02}))
+    assert graph_rest is not None and vllm_rest is not None  # both have a scope
+    rest = {"graph": graph_rest, "vllm": vllm_rest}
 
     def cell(target: str, usage: cpu.CellCpu | None) -> CellResult:
         records = [RequestRecord(sent_at=0.0, input_len=4, status=200, latency=0.2, content_times=[0.1, 0.2],

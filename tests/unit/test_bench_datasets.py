@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -12,8 +12,14 @@ from load.bench.datasets import CAPABILITY, WORDS, WordDataset, fetch_model, lon
 from tests.unit.conftest import MAX_MODEL_LEN, MODEL_NAME
 
 
+def http(client: TestClient) -> httpx.Client:
+    """The app's TestClient where the bench takes an `httpx.Client`: starlette's TestClient subclasses
+    `httpx2.Client` (a separate package) when httpx2 is installed, as here."""
+    return cast(httpx.Client, client)
+
+
 def test_fetch_model(client: TestClient) -> None:
-    model = fetch_model(client, "")
+    model = fetch_model(http(client), "")
     assert (model.name, model.max_model_len) == (MODEL_NAME, MAX_MODEL_LEN)
 
 
@@ -29,7 +35,7 @@ def test_fetch_model_picks_the_one_with_the_capability_a_dataset_needs() -> None
 
 
 def test_prompts_have_exactly_input_len_tokens(client: TestClient, hf_tokenizer: Any) -> None:
-    words = single_token_words(client, "", MODEL_NAME)
+    words = single_token_words(http(client), "", MODEL_NAME)
     assert set(words) <= set(WORDS) and len(words) >= 16
     dataset = WordDataset(tuple(words), (1, 57, 300), output_len=8, seed=3)
     for i in range(6):
@@ -43,7 +49,7 @@ def test_prompts_have_exactly_input_len_tokens(client: TestClient, hf_tokenizer:
 
 def test_too_few_single_token_words(client: TestClient) -> None:
     with pytest.raises(RuntimeError, match="only 0 of 2 words"):
-        single_token_words(client, "", MODEL_NAME, words=["antidisestablishmentarianism", "zzqxj"])
+        single_token_words(http(client), "", MODEL_NAME, words=["antidisestablishmentarianism", "zzqxj"])
 
 
 def test_long_input_lens() -> None:

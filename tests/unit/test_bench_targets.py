@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from load.bench import targets
+from load.ports import free_port
 from tests.processes import running
 
 # Answers 200 to GET /health, like a ready model server.
@@ -37,7 +38,7 @@ print(engine.pid, flush=True)
 
 
 def stand_in(arg: str | None, script: str = STAND_IN, stop_timeout_s: float = 5) -> targets.LaunchSpec:
-    port = targets.free_port()
+    port = free_port()
     return targets.LaunchSpec([sys.executable, "-c", script, str(port)], f"http://127.0.0.1:{port}", 30, stop_timeout_s)
 
 
@@ -257,7 +258,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 
 
 def test_a_launched_server_shares_the_session_but_not_the_process_group(tmp_path: Path) -> None:
-    port = targets.free_port()
+    port = free_port()
     spec = targets.LaunchSpec([sys.executable, "-c", HEALTHY, str(port)], f"http://127.0.0.1:{port}", 30, 5)
     with targets.launched(spec, tmp_path / "server.log"):
         [pid] = [p.pid for p in psutil.Process().children() if p.cmdline()[-1] == str(port)]

@@ -154,7 +154,7 @@ async def test_each_burst_of_a_round_has_prompts_of_its_own(monkeypatch: pytest.
         sleeps.append(seconds)
 
     monkeypatch.setattr(burst_module, "measure", measure)
-    monkeypatch.setattr(burst_module.asyncio, "sleep", sleep)
+    monkeypatch.setattr(asyncio, "sleep", sleep)  # load.burst's asyncio: the same module
     opts = parse_args(["--requests", "400", "--max-tokens", "256", "--requests", "200", "--max-tokens", "1",
                        "--rounds", "2", "--pause", "5"])  # fmt: skip
     await run({"a": "A", "b": "B"}, opts)

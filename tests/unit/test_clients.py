@@ -31,7 +31,7 @@ def test_the_ingress_deployment_imports_no_stage_library() -> None:
     assert [m for m in modules if m.startswith("serve_app.stages")] == []
 
 
-CLIENTS = {
+CLIENTS: dict[type, type] = {
     TokenizerClient: TokenizerStage,
     MultimodalClient: MultimodalStage,
     VocoderClient: VocoderStage,

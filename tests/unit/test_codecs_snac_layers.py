@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 import torch
 from snac.layers import Snake1d
@@ -64,6 +66,7 @@ def test_only_slow_convolutions_are_replaced() -> None:
         nn.Sequential(nn.ConvTranspose1d(8, 8, 4, stride=2), large),  # small stays, large replaced
     )
     with_faster_layers(model)
-    kinds = [type(m).__name__ for m in (model[0], model[1], model[2], model[3], model[4][0], model[4][1])]
+    inner = cast(nn.Sequential, model[4])
+    kinds = [type(m).__name__ for m in (model[0], model[1], model[2], model[3], inner[0], inner[1])]
     assert kinds == ["ShiftedDepthwiseConv1d", "InPlaceSnake1d", "Conv1d", "Conv1d", "ConvTranspose1d",
                      "MatmulConvTranspose1d"]  # fmt: skip

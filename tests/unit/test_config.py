@@ -51,7 +51,7 @@ def test_app_args_instance_is_returned_unchanged() -> None:
 def test_args_are_frozen() -> None:
     args = parse_app_args(minimal())
     with pytest.raises(ValidationError):
-        args.model.max_model_len = 4096  # type: ignore[misc]
+        args.model.max_model_len = 4096
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,7 @@ async def test_a_burst_is_refused_in_arrival_order_before_any_admitted_request_r
                 return response
 
         burst = [asyncio.create_task(post()) for _ in range(10)]
-        refusals = []
+        refusals: list[httpx.Response] = []
         while len(refusals) < 8:  # refused while the two admitted streams are still held by the engine
             done, _ = await asyncio.wait(burst, return_when=asyncio.FIRST_COMPLETED)
             refusals = [t.result() for t in burst if t.done()]

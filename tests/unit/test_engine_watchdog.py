@@ -10,7 +10,7 @@ from serve_app.errors import EngineDeadError
 from serve_app.messages import GenerationChunk
 from serve_app.stages.engine_watchdog import EngineWatchdog
 from serve_app.stages.llm import LLMStage
-from tests.unit.test_llm import FakeEngine, request
+from tests.unit.test_llm import FakeEngine, request, stream_of
 from tests.unit.vllm_support import completion, output, request_output
 
 TIMEOUT_S = 10.0
@@ -116,7 +116,7 @@ async def test_progress_resets_the_timer(clock: Clock) -> None:
     engine = FakeEngine([output((0, "a", [1])), output((0, "b", [2]))])
     engine.wait = asyncio.Event()
     stage = stage_with(engine, clock)
-    stream = stage.generate(request())
+    stream = stream_of(stage, request())
     clock.now += TIMEOUT_S - 1
     await anext(stream)
     clock.now += TIMEOUT_S - 1

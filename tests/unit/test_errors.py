@@ -75,7 +75,7 @@ def test_hierarchy() -> None:
                                    PayloadTooLargeError("big"), EngineDeadError("dead")])  # fmt: skip
 def test_an_error_response_is_its_status_and_body(error: OpenAIError) -> None:
     response = error_response(error, AdmissionConfig(status_code=429, retry_after_s=7))
-    assert (response.status_code, json.loads(response.body)) == (error.status_code, error.to_dict())
+    assert (response.status_code, json.loads(bytes(response.body))) == (error.status_code, error.to_dict())
     assert "retry-after" not in response.headers
 
 
@@ -84,12 +84,12 @@ def test_refusals_carry_the_configured_retry_after() -> None:
     # Not admitted: the `admission:` status, typed to match it.
     response = error_response(OverloadedError("full", code="overloaded"), admission)
     assert (response.status_code, response.headers["retry-after"]) == (429, "7")
-    assert json.loads(response.body)["error"] == {"message": "full", "type": "RateLimitError", "param": None,
-                                                  "code": "overloaded"}  # fmt: skip
+    assert json.loads(bytes(response.body))["error"] == {"message": "full", "type": "RateLimitError", "param": None,
+                                                         "code": "overloaded"}  # fmt: skip
     # A key over its own limit: always 429, with the same Retry-After.
     response = error_response(RateLimitError("busy"), AdmissionConfig(retry_after_s=7))
     assert (response.status_code, response.headers["retry-after"]) == (429, "7")
-    assert json.loads(response.body)["error"]["type"] == "RateLimitError"
+    assert json.loads(bytes(response.body))["error"]["type"] == "RateLimitError"
     # The defaults: 503 and one second.
     response = error_response(OverloadedError("full"))
     assert (response.status_code, response.headers["retry-after"]) == (503, "1")

@@ -48,6 +48,7 @@ def report_request_count(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     summary = ", ".join(f"{op} {n}" for op, n in sorted(_requests.items()))
     capture = request.config.pluginmanager.get_plugin("capturemanager")
+    assert capture is not None  # pytest's own, always registered
     with capture.global_and_fixture_disabled():  # shown on a passing run too
         print(f"\nschemathesis: {sum(_requests.values())} requests ({summary})")
 

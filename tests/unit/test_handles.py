@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Generator
 from types import SimpleNamespace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import grpc
 import pytest
 from grpc.aio import AioRpcError, Metadata
 from ray.exceptions import ActorDiedError, ActorUnavailableError
+from ray.serve import Deployment
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponseGenerator
 
@@ -111,29 +112,30 @@ async def test_other_errors_pass_through() -> None:
 
 
 class Pending:
-    """A Serve response that never completes; records whether it was cancelled."""
+    """A Serve response that never completes; records whether it was cancelled (in `cancel_called`, as
+    the fakes below: Serve's streaming response has a `cancelled()` method of its own)."""
 
     def __init__(self) -> None:
-        self.cancelled = False
+        self.cancel_called = False
 
     def __await__(self) -> Any:
         return asyncio.sleep(3600).__await__()
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self.cancel_called = True
 
 
 class PendingGenerator(DeploymentResponseGenerator):  # type: ignore[type-arg]
     """A streaming Serve response that never sends a chunk; records whether it was cancelled."""
 
     def __init__(self) -> None:  # no Serve router behind it
-        self.cancelled = False
+        self.cancel_called = False
 
     async def __anext__(self) -> Any:
         await asyncio.sleep(3600)
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self.cancel_called = True
 
 
 class PendingHandle:
@@ -156,7 +158,7 @@ async def test_leaving_a_unary_call_early_cancels_it_in_the_replica() -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):  # as the request's deadline does
             await tokenizer.tokenize(TokenizeRequest(TextPrompt("hi"), add_special_tokens=True))
-    assert response.cancelled
+    assert response.cancel_called
 
 
 async def test_leaving_a_stream_early_cancels_it_in_the_replica() -> None:
@@ -165,7 +167,14 @@ async def test_leaving_a_stream_early_cancels_it_in_the_replica() -> None:
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
             await anext(aiter(llm.generate(GenerateRequest("r", [1], SamplingSpec(max_tokens=1)))))
-    assert response.cancelled
+    assert response.cancel_called
+
+
+def tokenizer_replica(app_args: AppArgs) -> Tokenizer:
+    """The tokenizer deployment's class (under Serve's decorator), instantiated in this process."""
+    stage_class: Any = cast(Deployment, Tokenizer).func_or_class
+    replica: Tokenizer = stage_class(app_args)
+    return replica
 
 
 class InProcessHandle:
@@ -190,7 +199,7 @@ class InProcessMethod:
 
 
 async def test_each_handle_method_calls_the_deployment_method_of_its_name(app_args: AppArgs) -> None:
-    replica = Tokenizer.func_or_class(app_args)
+    replica = tokenizer_replica(app_args)
     tokenizer = HandleTokenizer(InProcessHandle(replica))  # type: ignore[arg-type]
     request = TokenizeRequest(TextPrompt("hello there"), add_special_tokens=True)
     tokenized = await tokenizer.tokenize(request)
@@ -254,7 +263,7 @@ async def test_a_stream_in_flight_stands_for_the_llm_health_check() -> None:
     assert handle.calls == ["check_health"]  # nothing in flight: the stage is asked
     chunks = llm.generate(GenerateRequest("r", [1], SamplingSpec(max_tokens=2)))
     stream.chunks.put_nowait("chunk")
-    assert await anext(chunks) == "chunk"
+    assert cast(object, await anext(chunks)) == "chunk"  # the stand-in the stream was given
     await llm.check_health()
     assert handle.calls == ["check_health"]  # a stream in flight, stalled or not: not asked
     stream.chunks.put_nowait(None)
@@ -289,19 +298,21 @@ class PendingResponse:
 
     def __init__(self) -> None:
         self.future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self.cancelled = False
+        self.cancel_called = False
 
     def __await__(self) -> Generator[Any, None, str]:
         return self.future.__await__()
 
     def cancel(self) -> None:
-        self.cancelled = True
+        self.cancel_called = True
 
 
 async def test_a_metrics_scrape_does_not_wait_for_a_slot_of_a_full_llm_stage(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(handles, "METRICS_WAIT_S", 0.01)
     responses = [PendingResponse()]
-    handle = SimpleNamespace(options=lambda **_: handle, metrics_text=SimpleNamespace(remote=lambda: responses[-1]))
+    handle: SimpleNamespace = SimpleNamespace(
+        options=lambda **_: handle, metrics_text=SimpleNamespace(remote=lambda: responses[-1])
+    )
     llm = HandleLLM(handle)  # type: ignore[arg-type]
     assert await llm.metrics_text() == "# llm stage at capacity: no metrics from it yet\n"
     responses.append(PendingResponse())
@@ -311,7 +322,7 @@ async def test_a_metrics_scrape_does_not_wait_for_a_slot_of_a_full_llm_stage(mon
     text = await llm.metrics_text()
     assert text.startswith("# llm stage at capacity: its metrics as of ")
     assert text.endswith(" s ago\nvllm:num_requests_running 2.0\n")
-    assert responses[0].cancelled and responses[2].cancelled  # the places they took are given back
+    assert responses[0].cancel_called and responses[2].cancel_called  # the places they took are given back
 
 
 class ExtendedLLMClient(LLMClient, Protocol):
@@ -333,6 +344,6 @@ async def test_a_unary_method_added_to_the_llm_client_is_a_call_to_the_deploymen
 
 
 def test_a_name_outside_the_client_protocol_is_not_forwarded(app_args: AppArgs) -> None:
-    tokenizer = HandleTokenizer(InProcessHandle(Tokenizer.func_or_class(app_args)))  # type: ignore[arg-type]
+    tokenizer = HandleTokenizer(InProcessHandle(tokenizer_replica(app_args)))  # type: ignore[arg-type]
     with pytest.raises(AttributeError, match="not a method of TokenizerClient"):
         tokenizer.tokenize_sync  # noqa: B018  # the stage has it; its client Protocol does not

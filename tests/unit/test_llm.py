@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -54,7 +54,7 @@ class FakeEngine:
 
     async def generate(
         self, prompt: Any, sampling_params: Any, request_id: str, *, priority: int = 0
-    ) -> AsyncIterator[Any]:
+    ) -> AsyncGenerator[Any, None]:
         self.calls.append((prompt, sampling_params, request_id))
         self.priorities.append(priority)
         try:
@@ -90,6 +90,12 @@ def request(**sampling: Any) -> GenerateRequest:
 
 async def collect(stage: LLMStage, req: GenerateRequest) -> list[GenerationChunk]:
     return [chunk async for chunk in stage.generate(req)]
+
+
+def stream_of(stage: LLMStage, req: GenerateRequest) -> AsyncGenerator[GenerationChunk, None]:
+    """`stage.generate(req)` as what it is, an async generator (its clients' Protocol types it `AsyncIterator`):
+    these tests close it, as Serve does, and hand its `anext` to `create_task`, which takes a coroutine."""
+    return cast(AsyncGenerator[GenerationChunk, None], stage.generate(req))
 
 
 async def test_chunks_are_converted() -> None:
@@ -193,7 +199,7 @@ def test_logprobs_not_requested_are_dropped() -> None:
 
 async def test_closing_the_stage_stream_closes_the_engine_generator() -> None:
     engine = FakeEngine([output((0, "a", [1])), output((0, "b", [2])), output((0, "c", [3]))])
-    stream = LLMStage(engine).generate(request())
+    stream = stream_of(LLMStage(engine), request())
     first = await anext(stream)
     assert first.deltas[0].text == "a"
     assert engine.exit is None
@@ -204,7 +210,7 @@ async def test_closing_the_stage_stream_closes_the_engine_generator() -> None:
 async def test_cancelling_the_consumer_cancels_the_engine_generator() -> None:
     engine = FakeEngine([output((0, "a", [1]))])
     engine.wait = asyncio.Event()  # never set: the engine is busy generating
-    stream = LLMStage(engine).generate(request())
+    stream = stream_of(LLMStage(engine), request())
     await anext(stream)
     task = asyncio.create_task(anext(stream))
     await engine.waiting.wait()  # the engine is now busy inside its generator
@@ -275,7 +281,8 @@ async def test_local_llm_client_wraps_the_stage() -> None:
     engine = FakeEngine([output((0, "a", [1]), finished=True)])
     client = LLMStage(engine)
     assert [c.deltas[0].text async for c in client.generate(request())] == ["a"]
-    assert (await client.metrics_text(), await client.check_health()) == ("", None)
+    assert await client.metrics_text() == ""
+    await client.check_health()  # healthy: it returns without raising
     with pytest.raises(BadRequestError, match="n must be 1 when using greedy sampling"):
         await anext(aiter(client.generate(request(n=2, temperature=0.0))))
 
@@ -284,13 +291,13 @@ async def test_the_engine_queue_bound_counts_sequences_and_frees_them() -> None:
     engine = FakeEngine([output((0, "a", [1]))])
     engine.wait = asyncio.Event()
     stage = LLMStage(engine, max_seqs=3)
-    held = stage.generate(request(n=2))
+    held = stream_of(stage, request(n=2))
     await anext(held)  # two sequences in the engine
     with pytest.raises(OverloadedError) as raised:
         await anext(stage.generate(request(n=2)))  # 2 + 2 > 3
     assert (raised.value.stage, raised.value.reason, raised.value.code) == ("llm", "engine_queue_full", "overloaded")
     assert len(engine.calls) == 1  # refused before the engine saw it
-    one = stage.generate(request(n=1))
+    one = stream_of(stage, request(n=1))
     await anext(one)  # 2 + 1 fits
     await one.aclose()
     await held.aclose()  # closed streams give their sequences back

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import FrozenInstanceError, field, fields
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def test_round_trip_is_equal(message: object, dumps: object) -> None:
 
 
 def test_reduce_is_class_and_values_in_field_order() -> None:
-    cls, values = REQUEST.__reduce__()
+    cls, values = cast(tuple[Any, Any], REQUEST.__reduce__())  # typed as object's: `str | tuple`
     assert cls is GenerateRequest
     assert values == tuple(getattr(REQUEST, f.name) for f in fields(REQUEST))
 

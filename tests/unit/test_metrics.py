@@ -63,14 +63,15 @@ async def test_stage_in_flight_counts_open_calls_until_they_end(services: Servic
     from serve_app.ingress.completions.serving import create_completion
 
     def in_flight(stage: str) -> float:
-        return services.metrics.stage_in_flight.labels(stage)._value.get()
+        value: float = services.metrics.stage_in_flight.labels(stage)._value.get()  # prometheus_client: untyped
+        return value
 
     request = CompletionRequest.model_validate({"model": MODEL_NAME, "prompt": ["a", "b"], "stream": True})
     response = await create_completion(services, request)
     assert (in_flight("tokenizer"), in_flight("llm")) == (0, 2)  # two prompts: two streams open
     body = response.body_iterator
-    await anext(body)  # type: ignore[call-overload]
-    await body.aclose()  # type: ignore[attr-defined]  # the client went away
+    await anext(body)
+    await body.aclose()  # the client went away
     await asyncio.sleep(0)
     assert in_flight("llm") == 0
     response = await create_completion(services, request)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError, EngineDeadError, NotFoundError
 from serve_app.ingress.pipeline.generation import start_stream
@@ -160,6 +161,9 @@ class StubTokenizer:
 
     async def detokenize(self, token_ids: list[int]) -> str:
         return ""
+
+    async def speech_layout(self) -> OrpheusLayout | None:
+        return None  # a text model
 
     async def check_health(self) -> None:
         return None

@@ -27,6 +27,7 @@ from tests.unit.tts_support import (  # noqa: F401  (the fixtures, registered by
     TOKENS,
     FakeTalker,
     FakeVocoder,
+    audio_stream,
     body,
     decode_audio,
     expected_codes,
@@ -125,9 +126,9 @@ async def test_an_abandoned_stream_frees_its_encoder(
     monkeypatch.setattr(serving, "open_encoder", recording_open)
     vocoder.samples_per_frame = 2048
     response = await serving.create_speech(speech_services, SpeechRequest.model_validate(body(stream=True)))
-    iterator = response.body_iterator
-    assert await anext(iterator)  # type: ignore[call-overload]  # some MP3
-    await iterator.aclose()  # type: ignore[attr-defined]  # the client went away
+    iterator = audio_stream(response)
+    assert await anext(iterator)  # some MP3
+    await iterator.aclose()  # the client went away
     (encoder,) = opened
     with pytest.raises(ValueError, match="closed"):
         encoder.encode(b"\0\0")

@@ -28,6 +28,7 @@ from tests.unit.tts_support import (  # noqa: F401  (the fixtures, registered by
     TTS,
     FakeTalker,
     FakeVocoder,
+    audio_stream,
     body,
     speech_app_client,
     speech_args_fixture,
@@ -124,7 +125,7 @@ async def test_admission_refuses_streams_beyond_max_streams(speech_services: Ser
     with pytest.raises(ServiceUnavailableError, match="speech streams"):
         await create_speech(services, request)
     for response in admitted:
-        async for _ in response.body_iterator:
+        async for _ in audio_stream(response):
             pass
     assert services.speech_slots.held == 0
     await create_speech(services, request)  # a slot is free again
@@ -153,11 +154,11 @@ async def test_a_stream_beyond_max_streams_waits_for_a_slot(waiting_services: Se
     assert not waiting.done() and slots.waiting == 1
     with pytest.raises(ServiceUnavailableError, match="1 are waiting"):
         await create_speech(services, request)
-    async for _ in admitted[0].body_iterator:
+    async for _ in audio_stream(admitted[0]):
         pass
     later = await asyncio.wait_for(waiting, 5)  # the first stream's end let it in
     for response in [*admitted[1:], later]:
-        async for _ in response.body_iterator:
+        async for _ in audio_stream(response):
             pass
     assert (slots.held, slots.waiting) == (0, 0)
 
@@ -175,7 +176,7 @@ async def test_a_waiting_stream_ends_at_its_deadline(waiting_services: Services,
         await create_speech(services, request, Deadline.after(0.1))
     assert (slots.held, slots.waiting) == (TTS["max_streams"], 0)
     for response in admitted:
-        async for _ in response.body_iterator:
+        async for _ in audio_stream(response):
             pass
     assert slots.held == 0
 
@@ -209,9 +210,9 @@ async def test_a_closed_stream_cancels_its_work(
 
     vocoder.delay_s = 0.02
     response = await create_speech(services, SpeechRequest.model_validate(body(stream=True, response_format="pcm")))
-    iterator = response.body_iterator
-    await anext(iterator)  # type: ignore[call-overload]
-    await iterator.aclose()  # type: ignore[attr-defined]  # the client went away
+    iterator = audio_stream(response)
+    await anext(iterator)
+    await iterator.aclose()  # the client went away
     assert talker.closed == 1
     assert services.speech_slots.held == 0
     await asyncio.sleep(0.05)
@@ -245,18 +246,18 @@ async def test_a_slow_client_holds_back_only_its_own_stream(
     from serve_app.ingress.speech.serving import create_speech
 
     request = SpeechRequest.model_validate(body(stream=True, response_format="pcm"))
-    slow = (await create_speech(speech_services, request)).body_iterator
-    await anext(slow)  # type: ignore[call-overload]  # the client reads one chunk, then stops reading
+    slow = audio_stream(await create_speech(speech_services, request))
+    await anext(slow)  # the client reads one chunk, then stops reading
     await asyncio.sleep(0.05)
     calls_while_stalled = len(vocoder.requests)
     # The first chunk was sent; the stream may then fill its credits, and not one call more.
     assert calls_while_stalled <= 1 + TTS["max_chunks_in_flight"]
-    fast = (await create_speech(speech_services, request)).body_iterator
-    chunks = [chunk async for chunk in fast]  # type: ignore[attr-defined]
+    fast = audio_stream(await create_speech(speech_services, request))
+    chunks = [chunk async for chunk in fast]
     assert len(b"".join(chunks)) == FRAMES * SAMPLES * 2  # the other stream got all its audio
     # ... in as many calls as chunks of 2, 2, 2, 3, 3, ... frames, while the stalled stream made none.
     assert len(vocoder.requests) == calls_while_stalled + len(GROWING_CHUNKS)
-    await slow.aclose()  # type: ignore[attr-defined]
+    await slow.aclose()
 
 
 # The tests' first_chunk_frames 2 and chunk_frames 3, over all 21 frames of a request.
@@ -300,7 +301,7 @@ async def test_a_refused_stream_is_counted_as_max_streams(speech_services: Servi
     metrics = speech_client.get("/metrics").text
     assert 'serve_graph_rejections_total{reason="max_streams",stage="ingress"} 1.0' in metrics
     for started in admitted:
-        await started.body_iterator.aclose()  # type: ignore[attr-defined]
+        await audio_stream(started).aclose()
 
 
 class StallingVocoder(FakeVocoder):

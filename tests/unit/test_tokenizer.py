@@ -293,7 +293,7 @@ def _fast(model: Any, normalizer: Any = None, pre_tokenizer: Any = None) -> Any:
         tok.normalizer = normalizer
     if pre_tokenizer is not None:
         tok.pre_tokenizer = pre_tokenizer
-    return PreTrainedTokenizerFast(tokenizer_object=tok)
+    return PreTrainedTokenizerFast(tokenizer_object=tok)  # type: ignore[no-untyped-call]
 
 
 def test_max_chars_per_token_bounds_the_tiny_models_token_count(hf_tokenizer: Any) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from serve_app.config import AdmissionConfig, AppArgs
@@ -187,7 +189,7 @@ def test_work_given_back_unfinished_is_not_speed() -> None:
 def test_services_learn_from_the_engines_batch_and_show_the_speed(
     app_args: AppArgs, tokenizer_stage: TokenizerStage
 ) -> None:
-    rates = {"prefill_tokens_per_s": 1e6, "decode_tokens_per_s": 100, "max_wait_s": 3600}
+    rates: dict[str, Any] = {"prefill_tokens_per_s": 1e6, "decode_tokens_per_s": 100, "max_wait_s": 3600}
     learning = Services.create(
         app_args.model_copy(update={"admission": AdmissionConfig(**rates)}), tokenizer_stage, FakeLLM()
     )

@@ -13,16 +13,17 @@ import asyncio
 import io
 import random
 import struct
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import av
 import numpy as np
 import numpy.typing as npt
 import pytest
 from fastapi.testclient import TestClient
+from starlette.responses import Response, StreamingResponse
 
 from serve_app.codecs.orpheus import CODEBOOK_SIZE, FRAME_SIZE, OrpheusLayout
 from serve_app.config import AppArgs, parse_app_args
@@ -51,9 +52,11 @@ RATE = 24_000
 # streamed file (no Xing/LAME header, no ADTS field) lets a decoder trim. Measured: MP3 64 ms, AAC 48 ms.
 LOSSY_SLACK_S = 0.1
 SAMPLES = 4  # per frame, in the fake vocoder
-TTS = {"codec": "unused", "voices": ["tara", "leo"], "max_input_chars": 200, "audio_s_per_char": 0.05,
-       "max_audio_s": 20.0, "first_chunk_frames": 2, "chunk_frames": 3, "context_frames": 1,
-       "max_chunks_in_flight": 2, "max_streams": 2, "max_waiting_streams": 0, "samples_per_frame": 2048}  # fmt: skip
+TTS: dict[str, Any] = {
+    "codec": "unused", "voices": ["tara", "leo"], "max_input_chars": 200, "audio_s_per_char": 0.05,
+    "max_audio_s": 20.0, "first_chunk_frames": 2, "chunk_frames": 3, "context_frames": 1,
+    "max_chunks_in_flight": 2, "max_streams": 2, "max_waiting_streams": 0, "samples_per_frame": 2048,
+}  # fmt: skip
 
 
 class FakeTalker:
@@ -117,7 +120,8 @@ class FakeVocoder:
 def decode_audio(data: bytes) -> tuple[int, int, npt.NDArray[np.float32]]:
     """`data` as FFmpeg decodes it: the source's sample rate (for Opus, the one its OpusHead records:
     Opus always decodes at 48 kHz), the decoded rate, and the mono samples as floats in [-1, 1]."""
-    with av.open(io.BytesIO(data)) as container:
+    # mode="r": a BytesIO reads without it, but only with it do av's stubs type the container as an input.
+    with av.open(io.BytesIO(data), mode="r") as container:
         stream = container.streams.audio[0]
         context = stream.codec_context
         assert context.layout.nb_channels == 1
@@ -128,6 +132,13 @@ def decode_audio(data: bytes) -> tuple[int, int, npt.NDArray[np.float32]]:
             struct.unpack_from("<I", extradata, 12)[0] if extradata[:8] == b"OpusHead" else context.sample_rate
         )
         return source_rate, context.sample_rate, np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def audio_stream(response: Response) -> AsyncGenerator[bytes, None]:
+    """The body of a streamed speech response (`create_speech` types it `Response`): the async generator
+    of encoded audio its StreamingResponse sends, which a client going away closes."""
+    assert isinstance(response, StreamingResponse)
+    return cast(AsyncGenerator[bytes, None], response.body_iterator)
 
 
 SPEECH = "/v1/audio/speech"
