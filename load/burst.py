@@ -159,10 +159,12 @@ class Reception:
 
 
 def wait_for_receive_stamps(timeout_s: float = 1.0) -> None:
-    """Returns once the kernel stamps TCP segments it receives (or after `timeout_s`). Linux turns the
-    stamps on a moment after the first socket asks for them (a deferred work item), and TCP segments that
-    arrive before are not stamped at all: in fresh processes here, 3 of 20 first segments on loopback had
-    no stamp. Called while the burst's own sockets ask for them, so that they stay on."""
+    """Returns once the kernel stamps the TCP segments it receives (or after `timeout_s`, with answers
+    then possibly unstamped). Linux stamps received packets only while some socket on the machine asks
+    for stamps, and turns that on in a deferred work item after the first one asks: TCP segments that
+    arrive before are not stamped at all (3 of 20 first segments on loopback, in fresh processes here).
+    An answer whose first segment has no stamp has no arrival time, and drops out of the refusal times at
+    arrival. Called while the burst's own sockets ask for stamps, so that they stay on."""
     deadline = time.monotonic() + timeout_s
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as ours:
         ours.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
@@ -202,9 +204,9 @@ async def burst(
     family, _, _, _, address = (await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))[0]
     connected = await asyncio.gather(*(connect(family, address) for _ in range(n)), return_exceptions=True)
     receptions = {i: Reception(c) for i, c in enumerate(connected) if isinstance(c, socket.socket)}
-    wait_for_receive_stamps()
-    sent = time.perf_counter()
     try:
+        wait_for_receive_stamps()
+        sent = time.perf_counter()
         for i, reception in receptions.items():
             await reception.send(bodies[i])
         if receptions:

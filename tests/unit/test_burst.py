@@ -13,7 +13,18 @@ from typing import Any
 import pytest
 
 from load import burst as burst_module
-from load.burst import Answer, Reception, burst, classify, connect, markdown, parse_args, request_bytes, run
+from load.burst import (
+    Answer,
+    Reception,
+    burst,
+    classify,
+    connect,
+    markdown,
+    parse_args,
+    request_bytes,
+    run,
+    wait_for_receive_stamps,
+)
 
 SSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {}\n\ndata: [DONE]\n\n"
 REFUSAL = b'HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\n\r\n{"error": {"message": "busy"}}'
@@ -103,13 +114,7 @@ async def test_the_arrival_is_the_kernels_stamp_not_when_the_loop_reads() -> Non
     listener = socket.create_server(("127.0.0.1", 0))
     ours = await connect(socket.AF_INET, listener.getsockname())
     theirs, _ = listener.accept()
-    # Linux turns receive stamps on for the whole system a little after the first socket asks (a deferred
-    # static key): on a fresh machine a segment can arrive unstamped until then. Wait for a stamped one.
-    for _ in range(100):
-        theirs.sendall(b"x")
-        await asyncio.sleep(0.01)
-        if ours.recvmsg(16, socket.CMSG_SPACE(16))[1]:
-            break
+    wait_for_receive_stamps()  # `ours` asks for them
     reception = Reception(ours)
     await reception.send(b"GET / HTTP/1.1\r\n\r\n")
     theirs.recv(100)  # read before closing, or the close resets the connection
