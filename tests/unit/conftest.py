@@ -9,7 +9,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 from fastapi.testclient import TestClient
@@ -29,6 +29,9 @@ from serve_app.models.tiny_chat import ensure_tiny_chat_model
 from serve_app.models.tiny_llava import ensure_tiny_llava_model
 from serve_app.stages.tokenizer import TokenizerStage
 
+if TYPE_CHECKING:  # Serve is imported by the tests that build a deployment's class, not by every test
+    from ray.serve import Deployment
+
 REPO = Path(__file__).resolve().parents[2]
 MODEL_NAME = "tiny-chat"
 MAX_MODEL_LEN = 128
@@ -45,6 +48,11 @@ FAKE_CANDIDATES = [
     ("e", -4.5, [101]),
     ("f", -5.5, [102]),
 ]
+
+
+def deployment_class(deployment: object) -> Any:
+    """The class a Serve deployment wraps (under its decorators), to build or call in this process."""
+    return cast("Deployment", deployment).func_or_class
 
 
 class FakeLLM:

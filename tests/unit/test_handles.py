@@ -11,7 +11,6 @@ import grpc
 import pytest
 from grpc.aio import AioRpcError, Metadata
 from ray.exceptions import ActorDiedError, ActorUnavailableError
-from ray.serve import Deployment
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentResponseGenerator
 
@@ -22,6 +21,7 @@ from serve_app.config import AppArgs
 from serve_app.errors import OverloadedError, PayloadTooLargeError, StageUnavailableError
 from serve_app.ingress.pipeline.clients import LLMClient
 from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest, VocodeRequest
+from tests.unit.conftest import deployment_class
 
 
 class FailingHandle:
@@ -170,13 +170,6 @@ async def test_leaving_a_stream_early_cancels_it_in_the_replica() -> None:
     assert response.cancel_called
 
 
-def tokenizer_replica(app_args: AppArgs) -> Tokenizer:
-    """The tokenizer deployment's class (under Serve's decorator), instantiated in this process."""
-    stage_class: Any = cast(Deployment, Tokenizer).func_or_class
-    replica: Tokenizer = stage_class(app_args)
-    return replica
-
-
 class InProcessHandle:
     """A DeploymentHandle whose calls run the deployment's class in this process."""
 
@@ -199,7 +192,7 @@ class InProcessMethod:
 
 
 async def test_each_handle_method_calls_the_deployment_method_of_its_name(app_args: AppArgs) -> None:
-    replica = tokenizer_replica(app_args)
+    replica = deployment_class(Tokenizer)(app_args)
     tokenizer = HandleTokenizer(InProcessHandle(replica))  # type: ignore[arg-type]
     request = TokenizeRequest(TextPrompt("hello there"), add_special_tokens=True)
     tokenized = await tokenizer.tokenize(request)
@@ -344,6 +337,6 @@ async def test_a_unary_method_added_to_the_llm_client_is_a_call_to_the_deploymen
 
 
 def test_a_name_outside_the_client_protocol_is_not_forwarded(app_args: AppArgs) -> None:
-    tokenizer = HandleTokenizer(InProcessHandle(tokenizer_replica(app_args)))  # type: ignore[arg-type]
+    tokenizer = HandleTokenizer(InProcessHandle(deployment_class(Tokenizer)(app_args)))  # type: ignore[arg-type]
     with pytest.raises(AttributeError, match="not a method of TokenizerClient"):
         tokenizer.tokenize_sync  # noqa: B018  # the stage has it; its client Protocol does not

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
-
-from ray.serve import Deployment
+from typing import Any
 
 from deployments.ingress import Ingress
 from serve_app.config import AppArgs
+from tests.unit.conftest import deployment_class
 
 
 class RecordingHandle:
@@ -22,7 +21,7 @@ class RecordingHandle:
 
 def test_every_stage_handle_uses_the_standard_pickle_both_ways(app_args: AppArgs) -> None:
     stages = {"tokenizer": RecordingHandle(), "llm": RecordingHandle()}
-    ingress: Any = cast(Deployment, Ingress).func_or_class  # the class under Serve's decorators
+    ingress = deployment_class(Ingress)
     services = ingress._services(app_args, stages)
     # The llm handle's streaming copy is made from the one the ingress configured.
     handles = [services.llm._handle, services.llm._stream, services.tokenizer._stage._handle]

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import pytest
-from ray.serve import Deployment
 from vllm import envs
 
 from deployments.llm import LLM
 from serve_app.config import AppArgs
 from serve_app.stages.llm import LLMStage
+from tests.unit.conftest import deployment_class
 from tests.unit.test_llm import FakeEngine
 
 
@@ -38,7 +38,7 @@ def test_the_replica_reads_vllms_environment_once_its_engine_runs(monkeypatch: p
 
     monkeypatch.setattr(LLMStage, "parts", staticmethod(parts))
     args: Any = object()
-    llm: Any = cast(Deployment, LLM).func_or_class  # the class under Serve's decorator
+    llm = deployment_class(LLM)
     replica = llm(args)
     assert built == [args]
     monkeypatch.setenv("VLLM_COMPUTE_NANS_IN_LOGITS", "0")
