@@ -30,6 +30,7 @@ from serve_app.stages import engine_session, top_p
 from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, omp_threads, resolve_dtype
 from serve_app.stages.engine_watchdog import EngineWatchdog
 from serve_app.stages.stream_pacing import paced
+from serve_app.stages.vllm_logging import log_handlers_kept
 
 # Serve sends this logger to the replica's log file.
 logger = logging.getLogger("ray.serve")
@@ -56,6 +57,8 @@ class Engine(Protocol):
     def shutdown(self) -> None: ...
 
 
+# vLLM configures its logging while the engine is made, which closes the log handlers the replica has.
+@log_handlers_kept()
 def build_engine(args: AppArgs) -> Engine:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.platforms import current_platform

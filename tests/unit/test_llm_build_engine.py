@@ -3,12 +3,15 @@ starts with (vLLM's `AsyncLLM.from_vllm_config` replaced, so no engine process s
 
 from __future__ import annotations
 
+import logging
 import os
+from logging.handlers import MemoryHandler, RotatingFileHandler
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from serve_app.stages import top_p
+from serve_app.stages import engine_session, top_p
 
 OMP_BINDING = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES")  # the thread count, and GNU or standard binding
 
@@ -49,3 +52,32 @@ def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
     else:
         assert started["env"] == {}
     assert not any(name in os.environ for name in OMP_BINDING)  # the replica's own environment is given back
+
+
+def test_the_replicas_log_records_still_reach_its_file_once_the_engine_is_made(
+    monkeypatch: pytest.MonkeyPatch, raw_args: dict[str, Any], tmp_path: Path
+) -> None:
+    """vLLM configures its logging while the engine is made, which closes every handler of the process,
+    Serve's buffer of the replica's records among them (serve_app/stages/vllm_logging.py)."""
+    import vllm.logger
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from serve_app.config import parse_app_args
+    from serve_app.stages.llm import build_engine
+
+    # vLLM configures its logging once per process: again here, as in a replica that has not made an engine.
+    monkeypatch.setattr(vllm.logger, "_last_configured_logging_config", None)
+    monkeypatch.setattr(AsyncLLM, "from_vllm_config", lambda *_, **__: "engine")
+    for written in (top_p.ENV, engine_session.ENV):  # set, so that monkeypatch restores what build_engine writes
+        monkeypatch.setenv(written, "")
+    path = tmp_path / "replica.log"
+    target = RotatingFileHandler(path, maxBytes=1 << 20)
+    serve_logger = logging.getLogger("ray.serve")
+    monkeypatch.setattr(serve_logger, "handlers", [MemoryHandler(capacity=1, target=target)])
+    monkeypatch.setattr(serve_logger, "propagate", False)
+    try:
+        build_engine(parse_app_args(raw_args))
+        serve_logger.warning("once the engine is made")
+    finally:
+        target.close()
+    assert "once the engine is made" in path.read_text()
