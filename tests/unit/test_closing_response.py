@@ -59,7 +59,7 @@ async def start(services: Services, endpoint: str) -> Any:
 
 def assert_all_given_back(services: Services) -> None:
     assert services.work is not None and (services.work.live, services.work.backlog_s) == (0, 0.0)
-    assert services.metrics.stage_in_flight.labels("llm")._value.get() == 0
+    assert services.metrics.registry.get_sample_value("serve_graph_stage_in_flight", {"stage": "llm"}) == 0
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])

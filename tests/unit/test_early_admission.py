@@ -139,7 +139,8 @@ async def test_a_refusal_answers_as_the_model_it_names(
         served = await client.post("/v1/completions", json={"model": "b", "prompt": "hi", "max_tokens": 4})
     assert refused.status_code == 429 and refused.headers["Retry-After"] == "3"  # the full model's own answer
     assert served.status_code == 200  # one model's backlog refuses nothing of another's
-    assert full.metrics.rejections.labels("ingress", "expected_wait")._value.get() == 1
+    rejected = {"stage": "ingress", "reason": "expected_wait"}
+    assert full.metrics.registry.get_sample_value("serve_graph_rejections_total", rejected) == 1
 
 
 async def test_a_prompt_that_cannot_fit_the_context_is_a_400_before_any_tokenizing(

@@ -62,9 +62,8 @@ async def test_stage_in_flight_counts_open_calls_until_they_end(services: Servic
     from serve_app.ingress.completions.protocol import CompletionRequest
     from serve_app.ingress.completions.serving import create_completion
 
-    def in_flight(stage: str) -> float:
-        value: float = services.metrics.stage_in_flight.labels(stage)._value.get()  # prometheus_client: untyped
-        return value
+    def in_flight(stage: str) -> float | None:
+        return services.metrics.registry.get_sample_value("serve_graph_stage_in_flight", {"stage": stage})
 
     request = CompletionRequest.model_validate({"model": MODEL_NAME, "prompt": ["a", "b"], "stream": True})
     response = await create_completion(services, request)
