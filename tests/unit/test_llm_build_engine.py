@@ -16,6 +16,14 @@ from serve_app.stages import engine_session, top_p
 OMP_BINDING = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES")  # the thread count, and GNU or standard binding
 
 
+@pytest.fixture(autouse=True)
+def engine_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The variables `build_engine` writes for the engine core's plugins, set so that monkeypatch restores
+    them after each test."""
+    for name in (top_p.ENV, engine_session.ENV):
+        monkeypatch.setenv(name, "")
+
+
 @pytest.mark.parametrize("backend", ["uni", "mp"])
 def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
     monkeypatch: pytest.MonkeyPatch, raw_args: dict[str, Any], backend: str
@@ -29,7 +37,6 @@ def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
 
     for name in OMP_BINDING:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(top_p.ENV, "")  # set, so that monkeypatch restores it after build_engine writes it
     started: dict[str, Any] = {}
 
     def start(vllm_config: Any, **_: Any) -> str:
@@ -68,8 +75,6 @@ def test_the_replicas_log_records_still_reach_its_file_once_the_engine_is_made(
     # vLLM configures its logging once per process: again here, as in a replica that has not made an engine.
     monkeypatch.setattr(vllm.logger, "_last_configured_logging_config", None)
     monkeypatch.setattr(AsyncLLM, "from_vllm_config", lambda *_, **__: "engine")
-    for written in (top_p.ENV, engine_session.ENV):  # set, so that monkeypatch restores what build_engine writes
-        monkeypatch.setenv(written, "")
     path = tmp_path / "replica.log"
     target = RotatingFileHandler(path, maxBytes=1 << 20)
     serve_logger = logging.getLogger("ray.serve")
