@@ -1,4 +1,5 @@
-"""A streaming response that runs its cleanup when the response ends, however it ends.
+"""A streaming response that runs its cleanup when the response ends, however it ends, and ends its body
+with the last chunk.
 
 A body generator's own `finally` is not enough: Starlette never starts the body iterator when sending
 the response's start fails (the client already gone), and leaves it suspended when the client goes
@@ -15,6 +16,12 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 
+class FinalChunk(bytes):
+    """A body's last chunk: sent as the end of the body, so that the server writes the chunk and the end of
+    the chunked encoding at once (Starlette sends an empty body message after the last chunk: one more
+    write). No chunk may follow it."""
+
+
 class ClosingStreamingResponse(StreamingResponse):
     def __init__(self, content: AsyncIterator[Any], close: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
@@ -25,3 +32,15 @@ class ClosingStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self.close()
+
+    async def stream_response(self, send: Send) -> None:
+        # Starlette's, but for the end of the body.
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        ended = False
+        async for chunk in self.body_iterator:  # read to its end, so that no generator is left suspended
+            ended = isinstance(chunk, FinalChunk)
+            if not isinstance(chunk, bytes | memoryview):
+                chunk = chunk.encode(self.charset)
+            await send({"type": "http.response.body", "body": chunk, "more_body": not ended})
+        if not ended:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -1,9 +1,11 @@
 """serve_app/ingress/closing_response.py: a streamed chat or text completion gives its engine request and
-its work ticket back when the client is gone, also when Starlette never starts the body."""
+its work ticket back when the client is gone, also when Starlette never starts the body; its last event
+ends the body."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,8 +13,10 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 from serve_app.config import AdmissionConfig, AppArgs
+from serve_app.ingress import sse
 from serve_app.ingress.chat.protocol import ChatCompletionRequest
 from serve_app.ingress.chat.serving import create_chat_completion
+from serve_app.ingress.closing_response import ClosingStreamingResponse, FinalChunk
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
 from serve_app.ingress.pipeline.services import Services
@@ -49,11 +53,11 @@ def slow(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> Services:
     return with_work_admission(app_args, tokenizer_stage, SlowLLM())
 
 
-async def start(services: Services, endpoint: str) -> Any:
+async def start(services: Services, endpoint: str, **options: Any) -> Any:
     if endpoint == "chat":
-        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+        chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True, **options}
         return await create_chat_completion(services, ChatCompletionRequest.model_validate(chat))
-    text = {"prompt": ["one", "two", "three"], "max_tokens": 5, "stream": True}
+    text = {"prompt": ["one", "two", "three"], "max_tokens": 5, "stream": True, **options}
     return await create_completion(services, CompletionRequest.model_validate(text))
 
 
@@ -97,3 +101,59 @@ async def test_a_client_gone_mid_stream_gives_its_work_back(slow: Services, endp
     with pytest.raises(ClientDisconnect):
         await response(SCOPE, receive, goes_after_two_events)  # the body is left suspended at its third event
     assert_all_given_back(slow)
+
+
+async def body_of(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
+
+
+async def sends(response: ClosingStreamingResponse) -> list[Any]:
+    """The ASGI messages `response` sends to a client that stays."""
+    sent: list[Any] = []
+
+    async def record(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()  # the client never goes
+        raise AssertionError("unreachable")
+
+    await response(SCOPE, receive, record)
+    return sent
+
+
+async def nothing() -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("parts", "bodies"),
+    [
+        ([b"a", FinalChunk(b"b")], [(b"a", True), (b"b", False)]),  # the final chunk ends the body
+        ([b"a", b"b"], [(b"a", True), (b"b", True), (b"", False)]),  # without one, as Starlette does
+    ],
+)
+async def test_a_final_chunk_is_sent_as_the_end_of_the_body(parts: list[bytes], bodies: list[Any]) -> None:
+    sent = await sends(ClosingStreamingResponse(body_of(parts), nothing))
+    assert sent[0]["type"] == "http.response.start"
+    assert [(m["body"], m["more_body"]) for m in sent[1:]] == bodies
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("include_usage", [False, True])
+async def test_a_stream_ends_its_body_with_its_last_event_and_done(
+    admitting: Services, endpoint: str, include_usage: bool
+) -> None:
+    """Each choice's finishing event is sent (completions: three prompts), and the last event goes out with
+    [DONE] as the end of the body: no message after it."""
+    request = await start(admitting, endpoint, n=2, stream_options={"include_usage": include_usage})
+    sent = await sends(request)
+    *events, last = [m["body"] for m in sent[1:]]
+    assert [m["more_body"] for m in sent[1:]] == [True] * len(events) + [False]
+    assert last.endswith(b"\n\ndata: [DONE]\n\n") and last.count(b"data: ") == 2
+    payloads = [json.loads(event[len(b"data: ") :]) for event in [*events, last[: -len(sse.DONE)]]]
+    finished = [c["index"] for p in payloads for c in p["choices"] if c["finish_reason"] is not None]
+    assert sorted(finished) == list(range(2 if endpoint == "chat" else 6))
+    assert ("usage" in payloads[-1]) is include_usage
+    assert_all_given_back(admitting)

@@ -11,6 +11,7 @@ import pytest
 
 from serve_app.errors import BadRequestError, OverloadedError
 from serve_app.ingress import sse
+from serve_app.ingress.closing_response import FinalChunk
 
 
 class Wrapper(Exception):
@@ -36,39 +37,60 @@ def test_event_is_one_compact_data_line() -> None:
     assert sse.DONE == b"data: [DONE]\n\n"
 
 
-async def test_encode_yields_events_then_done() -> None:
+async def test_encode_yields_events_then_done_as_the_final_chunk() -> None:
     parts = await collect(sse.encode(payloads([{"n": 1}, {"n": 2}])))
     assert parts == [b'data: {"n":1}\n\n', b'data: {"n":2}\n\n', b"data: [DONE]\n\n"]
+    assert [type(part) for part in parts] == [bytes, bytes, FinalChunk]
+
+
+async def test_a_last_payload_goes_out_with_done_and_nothing_after_it_is_read() -> None:
+    read: list[int] = []
+
+    async def counted() -> AsyncIterator[dict[str, Any]]:
+        for n in range(3):
+            read.append(n)
+            yield sse.Last({"n": n}) if n == 1 else {"n": n}
+
+    parts = await collect(sse.encode(counted()))
+    assert parts == [b'data: {"n":0}\n\n', b'data: {"n":1}\n\ndata: [DONE]\n\n']
+    assert isinstance(parts[-1], FinalChunk)
+    assert read == [0, 1]
 
 
 async def test_empty_stream_is_just_done() -> None:
-    assert await collect(sse.encode(payloads([]))) == [b"data: [DONE]\n\n"]
+    parts = await collect(sse.encode(payloads([])))
+    assert parts == [b"data: [DONE]\n\n"] and isinstance(parts[0], FinalChunk)
+
+
+def error_of(final: bytes) -> Any:
+    """The error event's payload in a final chunk: the error event, then [DONE]."""
+    assert isinstance(final, FinalChunk) and final.startswith(b"data: ") and final.endswith(b"\n\n" + sse.DONE)
+    return json.loads(final[len(b"data: ") : -len(b"\n\n" + sse.DONE)])
 
 
 async def test_openai_error_mid_stream_becomes_error_event_then_done() -> None:
     error = BadRequestError("bad stop", param="stop")
     parts = await collect(sse.encode(payloads([{"n": 1}], error)))
-    assert len(parts) == 3
+    assert len(parts) == 2
     assert parts[0] == b'data: {"n":1}\n\n'
-    assert parts[1].startswith(b"data: ") and parts[1].endswith(b"\n\n")
-    assert json.loads(parts[1][len(b"data: ") :]) == {
+    assert error_of(parts[1]) == {
         "error": {"message": "bad stop", "type": "BadRequestError", "param": "stop", "code": 400}
     }
-    assert parts[2] == sse.DONE
 
 
 async def test_wrapped_error_is_unwrapped() -> None:
     parts = await collect(sse.encode(payloads([], Wrapper(OverloadedError("busy", code="overloaded")))))
-    assert json.loads(parts[0][len(b"data: ") :]) == {
+    assert len(parts) == 1
+    assert error_of(parts[0]) == {
         "error": {"message": "busy", "type": "ServiceUnavailableError", "param": None, "code": "overloaded"}
     }
-    assert parts[1:] == [sse.DONE]
 
 
 async def test_unexpected_error_is_internal_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.ERROR, logger="serve_app.ingress.sse"):
         parts = await collect(sse.encode(payloads([{"n": 1}], RuntimeError("secret detail"))))
-    assert json.loads(parts[1][len(b"data: ") :]) == {
+    assert len(parts) == 2
+    assert error_of(parts[1]) == {
         "error": {
             "message": "The stream failed: RuntimeError",
             "type": "InternalServerError",
@@ -76,6 +98,5 @@ async def test_unexpected_error_is_internal_and_logged(caplog: pytest.LogCapture
             "code": 500,
         }
     }
-    assert parts[2] == sse.DONE
     assert [r.getMessage() for r in caplog.records] == ["stream failed"]
     assert b"secret detail" not in b"".join(parts)

@@ -96,6 +96,7 @@ async def _events(request: ChatCompletionRequest, stream: Stream, model: str) ->
     continuous = bool(options and options.continuous_usage_stats)
     prompt_tokens = stream.num_prompt_tokens
     completion_tokens = 0
+    running = request.n  # choices not finished: the payload that finishes the last one is the last
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {"id": stream.request_id, "object": "chat.completion.chunk", "created": created,
@@ -117,6 +118,9 @@ async def _events(request: ChatCompletionRequest, stream: Stream, model: str) ->
             if delta.finish_reason is not None:
                 choice["stop_reason"] = delta.stop_reason
             extra = {"usage": usage(prompt_tokens, completion_tokens)} if continuous else {}
-            yield chunk([choice], **extra)
+            if delta.finish_reason is not None:
+                running -= 1
+            payload = chunk([choice], **extra)
+            yield sse.Last(payload) if running == 0 and not include_usage else payload
     if include_usage:
-        yield chunk([], usage=usage(prompt_tokens, completion_tokens))
+        yield sse.Last(chunk([], usage=usage(prompt_tokens, completion_tokens)))

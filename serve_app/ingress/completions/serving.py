@@ -150,6 +150,7 @@ async def _events(
     completion_tokens = 0
     offsets = [_Offsets() for _ in range(n * len(streams))]
     echoed = [not request.echo] * (n * len(streams))
+    running = n * len(streams)  # choices not finished: the payload that finishes the last one is the last
     # Closed with this generator: its tasks stop reading the streams before the streams are closed.
     async with aclosing(merge([s.chunks() for s in streams])) as merged:
         async for p, chunk in merged:
@@ -165,8 +166,11 @@ async def _events(
                     "finish_reason": delta.finish_reason,
                     "stop_reason": delta.stop_reason,
                 }
-                yield {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                       "choices": [choice]}  # fmt: skip
+                if delta.finish_reason is not None:
+                    running -= 1
+                payload = {"id": request_id, "object": "text_completion", "created": created, "model": model,
+                           "choices": [choice]}  # fmt: skip
+                yield sse.Last(payload) if running == 0 and not include_usage else payload
     if include_usage:
-        yield {"id": request_id, "object": "text_completion", "created": created, "model": model,
-               "choices": [], "usage": usage(prompt_tokens, completion_tokens)}  # fmt: skip
+        yield sse.Last({"id": request_id, "object": "text_completion", "created": created, "model": model,
+                        "choices": [], "usage": usage(prompt_tokens, completion_tokens)})  # fmt: skip

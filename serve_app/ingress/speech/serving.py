@@ -290,4 +290,4 @@ async def _sse_events(
     finally:
         await finish()
     tokens = {"input_tokens": stream.num_prompt_tokens, "output_tokens": stream.generated_tokens}
-    yield {"type": "speech.audio.done", "usage": tokens | {"total_tokens": sum(tokens.values())}}
+    yield sse.Last({"type": "speech.audio.done", "usage": tokens | {"total_tokens": sum(tokens.values())}})
