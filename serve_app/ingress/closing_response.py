@@ -18,8 +18,8 @@ from starlette.types import Receive, Scope, Send
 
 class FinalChunk(bytes):
     """A body's last chunk: sent as the end of the body, so that the server writes the chunk and the end of
-    the chunked encoding at once (Starlette sends an empty body message after the last chunk: one more
-    write). No chunk may follow it."""
+    the chunked encoding at once. Starlette sends an empty body message after the last chunk instead: one
+    more send through the ASGI layers, socket write and forward by HAProxy. No chunk may follow it."""
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -34,10 +34,10 @@ class ClosingStreamingResponse(StreamingResponse):
             await self.close()
 
     async def stream_response(self, send: Send) -> None:
-        # Starlette's, but for the end of the body.
+        # Starlette 1.10's, but for the end of the body.
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         ended = False
-        async for chunk in self.body_iterator:  # read to its end, so that no generator is left suspended
+        async for chunk in self.body_iterator:  # on to its end, which comes right after a final chunk
             ended = isinstance(chunk, FinalChunk)
             if not isinstance(chunk, bytes | memoryview):
                 chunk = chunk.encode(self.charset)

@@ -16,8 +16,7 @@ DONE = b"data: [DONE]\n\n"
 
 
 class Last(dict[str, Any]):
-    """A payload its stream sends last: its event goes out with [DONE] and the end of the body, in one
-    write, instead of three (each a send through the ASGI layers, a socket write and HAProxy's forwarding)."""
+    """A payload its stream sends last: its event goes out with [DONE] as the stream's `FinalChunk`."""
 
 
 def event(payload: dict[str, Any]) -> bytes:

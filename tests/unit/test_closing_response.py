@@ -108,18 +108,19 @@ async def body_of(parts: list[bytes]) -> AsyncIterator[bytes]:
         yield part
 
 
-async def sends(response: ClosingStreamingResponse) -> list[Any]:
-    """The ASGI messages `response` sends to a client that stays."""
+async def sends(response: ClosingStreamingResponse, spec_version: str = "2.4") -> list[Any]:
+    """The ASGI messages `response` sends to a client that stays (before ASGI 2.4, as uvicorn's HTTP scope
+    says, Starlette listens for the client's disconnect beside the body)."""
     sent: list[Any] = []
 
     async def record(message: Any) -> None:
         sent.append(message)
 
     async def receive() -> dict[str, Any]:
-        await asyncio.Event().wait()  # the client never goes
-        raise AssertionError("unreachable")
+        never: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        return await never  # the client never goes
 
-    await response(SCOPE, receive, record)
+    await response({"type": "http", "asgi": {"spec_version": spec_version}}, receive, record)
     return sent
 
 
@@ -142,13 +143,15 @@ async def test_a_final_chunk_is_sent_as_the_end_of_the_body(parts: list[bytes], 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
 @pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
 async def test_a_stream_ends_its_body_with_its_last_event_and_done(
-    admitting: Services, endpoint: str, include_usage: bool
+    admitting: Services, fake_llm: FakeLLM, endpoint: str, include_usage: bool, spec_version: str
 ) -> None:
     """Each choice's finishing event is sent (completions: three prompts), and the last event goes out with
-    [DONE] as the end of the body: no message after it."""
+    [DONE] as the end of the body: no message after it. Every engine stream ended on its own first: none
+    was closed (in the graph: cancelled in Serve, aborted in the engine)."""
     request = await start(admitting, endpoint, n=2, stream_options={"include_usage": include_usage})
-    sent = await sends(request)
+    sent = await sends(request, spec_version)
     *events, last = [m["body"] for m in sent[1:]]
     assert [m["more_body"] for m in sent[1:]] == [True] * len(events) + [False]
     assert last.endswith(b"\n\ndata: [DONE]\n\n") and last.count(b"data: ") == 2
@@ -156,4 +159,6 @@ async def test_a_stream_ends_its_body_with_its_last_event_and_done(
     finished = [c["index"] for p in payloads for c in p["choices"] if c["finish_reason"] is not None]
     assert sorted(finished) == list(range(2 if endpoint == "chat" else 6))
     assert ("usage" in payloads[-1]) is include_usage
+    assert fake_llm.closed == []
+    assert len(fake_llm.requests) == (1 if endpoint == "chat" else 3)
     assert_all_given_back(admitting)

@@ -117,9 +117,8 @@ async def _events(request: ChatCompletionRequest, stream: Stream, model: str) ->
             }
             if delta.finish_reason is not None:
                 choice["stop_reason"] = delta.stop_reason
-            extra = {"usage": usage(prompt_tokens, completion_tokens)} if continuous else {}
-            if delta.finish_reason is not None:
                 running -= 1
+            extra = {"usage": usage(prompt_tokens, completion_tokens)} if continuous else {}
             payload = chunk([choice], **extra)
             yield sse.Last(payload) if running == 0 and not include_usage else payload
     if include_usage:

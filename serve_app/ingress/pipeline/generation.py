@@ -58,17 +58,29 @@ class Stream:
 
     async def chunks(self) -> AsyncIterator[GenerationChunk]:
         generated = self.metrics.tokens.labels("generated")
-        chunk = self.first
-        while True:
+        chunk: GenerationChunk | None = self.first
+        while chunk is not None:
             count = sum(len(d.token_ids) for d in chunk.deltas)
             self.generated_tokens += count
             generated.inc(count)
-            yield chunk
-            try:
-                async with within(self.deadline, "llm", self.metrics.rejections):
-                    chunk = await anext(self.rest)
-            except StopAsyncIteration:
-                return
+            if chunk.finished:
+                # The call's end is read before its last chunk is passed on: a consumer that stops at the
+                # last chunk (an SSE stream sends it with [DONE] as the end of the body) then closes a call
+                # that has ended, instead of one Serve would cancel and the engine abort.
+                following = await self._next()
+                yield chunk
+                chunk = following
+            else:
+                yield chunk
+                chunk = await self._next()
+
+    async def _next(self) -> GenerationChunk | None:
+        """The next chunk from the llm stage, None at the end."""
+        try:
+            async with within(self.deadline, "llm", self.metrics.rejections):
+                return await anext(self.rest)
+        except StopAsyncIteration:
+            return None
 
     async def close(self) -> None:
         """Stops the generation now (the engine aborts it) rather than when the generator is collected."""
