@@ -2,7 +2,7 @@
 
     ingress ──(unary)──> multimodal   (only with a `multimodal:` block: vision models)
        ├────(unary)──> tokenizer
-       ├────(stream)─> llm
+       ├────(unary)──> llm          (its chunks come back over the token channel)
        └────(unary)──> vocoder      (only with a `tts:` block: speech models)
 
 One ingress for every model of `args.models` (serve_app/graph_args.py), which routes each request by

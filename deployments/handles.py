@@ -19,14 +19,15 @@ import asyncio
 import functools
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from grpc import StatusCode
 from grpc.aio import AioRpcError
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
-from ray.serve.handle import DeploymentHandle, DeploymentResponseGenerator
+from ray.serve.handle import DeploymentHandle
 
 from serve_app.errors import (
     EngineDeadError,
@@ -38,6 +39,7 @@ from serve_app.errors import (
 )
 from serve_app.ingress.pipeline.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
 from serve_app.messages import GenerateRequest, GenerationChunk
+from serve_app.token_channel import Inbox
 
 
 def _overloaded(stage: str, exc: BackPressureError) -> OverloadedError:
@@ -73,6 +75,31 @@ def _stage_lost(stage: str, exc: BaseException, on_lost: OnStageLost | None) -> 
         f"The {stage} stage failed during the request ({detail}); it is being restarted, retry shortly.",
         code="stage_unavailable",
     )
+
+
+# Put among a stream's chunks when its `generate_to` call has answered.
+_ANSWERED = object()
+# How long the chunks a `generate_to` call sent may take to arrive after its answer.
+LATE_CHUNKS_S = 10.0
+
+
+def _answered(arrivals: asyncio.Queue[Any], answer: asyncio.Future[Any]) -> None:
+    """Marks the end of a stream's chunks; its outcome is read here once (so that asyncio does not log the
+    cancellation of a call left early as lost) and again by the stream, if it is still read."""
+    if not answer.cancelled():
+        answer.exception()
+    arrivals.put_nowait(_ANSWERED)
+
+
+@contextmanager
+def _stage_errors(stage: str, on_lost: OnStageLost | None) -> Iterator[None]:
+    """A call's Serve errors as the client's: a full stage is a 503 to retry, a lost replica a 503 reported."""
+    try:
+        yield
+    except BackPressureError as exc:
+        raise _overloaded(stage, exc) from exc
+    except _REPLICA_LOST as exc:
+        raise _stage_lost(stage, exc, on_lost) from exc
 
 
 # How long a scrape of the llm stage's metrics waits for a slot before it answers from the last one.
@@ -119,24 +146,21 @@ class _UnaryHandle:
     async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         self.progress.in_flight += 1
         try:
-            response = getattr(self._handle, method).remote(*args, **kwargs)
-            try:
-                result = await response
-            except asyncio.CancelledError:
-                # Left early (the request's deadline): stop the work in the replica too. Serve cancels
-                # a call by itself only when the whole HTTP request is cancelled (client disconnect).
-                response.cancel()
-                raise
-            except Exception as exc:
-                if find_openai_error(exc) is not None:
-                    self.progress.made()  # the stage answered, with a refusal
-                raise
-            self.progress.made()
-            return result
-        except BackPressureError as exc:
-            raise _overloaded(self.stage, exc) from exc
-        except _REPLICA_LOST as exc:
-            raise _stage_lost(self.stage, exc, self._on_lost) from exc
+            with _stage_errors(self.stage, self._on_lost):
+                response = getattr(self._handle, method).remote(*args, **kwargs)
+                try:
+                    result = await response
+                except asyncio.CancelledError:
+                    # Left early (the request's deadline): stop the work in the replica too. Serve cancels
+                    # a call by itself only when the whole HTTP request is cancelled (client disconnect).
+                    response.cancel()
+                    raise
+                except Exception as exc:
+                    if find_openai_error(exc) is not None:
+                        self.progress.made()  # the stage answered, with a refusal
+                    raise
+                self.progress.made()
+                return result
         finally:
             self.progress.in_flight -= 1
 
@@ -172,10 +196,10 @@ class _UnaryLLM(_UnaryHandle):
 class HandleLLM:
     """Its streams and checks are its own; any other `LLMClient` method is a unary call (`_UnaryHandle`)."""
 
-    def __init__(self, handle: DeploymentHandle[Any], on_lost: OnStageLost | None = None) -> None:
+    def __init__(self, handle: DeploymentHandle[Any], inbox: Inbox, on_lost: OnStageLost | None = None) -> None:
         self._unary = _UnaryLLM(handle, on_lost)
         self._handle = handle
-        self._stream = handle.options(stream=True)
+        self._inbox = inbox
         self._on_lost = on_lost
         self.in_flight = 0  # streams from here: any one stands for a health check (the module's doc)
         self._metrics = "", -math.inf
@@ -186,24 +210,38 @@ class HandleLLM:
         return getattr(self._unary, method)  # type: ignore[no-any-return]
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
+        """The llm stage's `generate_to` call: its answer (how many chunks it sent, or its error) comes over
+        Serve, its chunks over the token channel (`serve_app/token_channel.py`)."""
+        reply_to, arrivals = await self._inbox.open()
         self.in_flight += 1
         try:
-            response = self._stream.generate.remote(request)
-            # options(stream=True) makes this a generator; Serve's return type is a union.
-            assert isinstance(response, DeploymentResponseGenerator)
-            try:
-                async for chunk in response:
-                    yield chunk
-            except (GeneratorExit, asyncio.CancelledError):
-                # Left before its end (deadline, a sibling prompt failed): cancel the call in the replica
-                # now, which closes the engine's generator. Serve does that by itself only when the whole
-                # HTTP request is cancelled (client disconnect).
-                response.cancel()  # type: ignore[no-untyped-call]
-                raise
-        except BackPressureError as exc:
-            raise _overloaded("llm", exc) from exc
-        except _REPLICA_LOST as exc:
-            raise _stage_lost("llm", exc, self._on_lost) from exc
+            with _stage_errors("llm", self._on_lost):
+                response = self._handle.generate_to.remote(request, reply_to)
+                answer = asyncio.ensure_future(response)
+                answer.add_done_callback(functools.partial(_answered, arrivals))
+                try:
+                    received = 0
+                    while (chunk := await arrivals.get()) is not _ANSWERED:
+                        received += 1
+                        yield chunk
+                    sent: int = answer.result()
+                    # The last chunks may still be on their way: they left before the answer, by another path.
+                    late = time.monotonic() + LATE_CHUNKS_S
+                    while received < sent:
+                        chunk = await asyncio.wait_for(arrivals.get(), late - time.monotonic())
+                        received += 1
+                        yield chunk
+                except (GeneratorExit, asyncio.CancelledError):
+                    # Left before its end (deadline, a sibling prompt failed, the client went away): cancel the
+                    # call in the replica now, which closes the engine's generator. Serve does that by itself
+                    # only when the whole HTTP request is cancelled.
+                    response.cancel()  # type: ignore[no-untyped-call]
+                    raise
+        except TimeoutError as exc:
+            raise StageUnavailableError(
+                f"The llm stage sent {sent} chunks and {received} arrived over the token channel; retry.",
+                code="stage_unavailable",
+            ) from exc
         except Exception as exc:
             # The engine died or hung (watchdog) after the first chunk: only this call sees it.
             error = find_openai_error(exc)
@@ -211,6 +249,7 @@ class HandleLLM:
                 self._on_lost("llm", error.message[:300])
             raise
         finally:
+            self._inbox.close(reply_to.key)
             self.in_flight -= 1
 
     async def check_health(self) -> None:

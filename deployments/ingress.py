@@ -25,6 +25,7 @@ from serve_app.ingress.gate.publisher import publish_forever
 from serve_app.ingress.pipeline.inline_tokenizer import InlineTokenizer
 from serve_app.ingress.pipeline.router import ModelRouter
 from serve_app.ingress.pipeline.services import Services
+from serve_app.token_channel import Inbox
 
 # One model's stage handles by stage name: tokenizer and llm always, multimodal and vocoder if it has them.
 StageHandles = dict[str, DeploymentHandle[Any]]
@@ -35,7 +36,9 @@ StageHandles = dict[str, DeploymentHandle[Any]]
 @serve.ingress()
 class Ingress:
     def __init__(self, args: GraphArgs, stages: dict[str, StageHandles]) -> None:
-        models = [self._services(model, stages[model.model.name]) for model in args.models]
+        # One token inbox for every model's llm stage: its streams' chunks come to this replica's node address.
+        inbox = Inbox(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
+        models = [self._services(model, stages[model.model.name], inbox) for model in args.models]
         self._router = ModelRouter(models, args.auth)
         # The rates of the admission gate in its node's HAProxy (serve_app/ingress/gate/), on this loop.
         socket = admin_socket(ray.get_runtime_context().get_node_id())
@@ -50,7 +53,7 @@ class Ingress:
         return bool(details["applications"][serve.get_replica_context().app_name]["route_prefix"] == "/")
 
     @staticmethod
-    def _services(args: AppArgs, handles: StageHandles) -> Services:
+    def _services(args: AppArgs, handles: StageHandles, inbox: Inbox) -> Services:
         services: Services | None = None
 
         def stage_lost(stage: str, detail: str) -> None:
@@ -70,7 +73,7 @@ class Ingress:
         services = Services.create(
             args,
             InlineTokenizer.around(args, HandleTokenizer(handles["tokenizer"], stage_lost)),
-            HandleLLM(handles["llm"], stage_lost),
+            HandleLLM(handles["llm"], inbox, stage_lost),
             HandleMultimodal(multimodal, stage_lost) if multimodal is not None else None,
             HandleVocoder(vocoder, stage_lost) if vocoder is not None else None,
         )

@@ -7,10 +7,16 @@ replica.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import cast
+
 from ray import serve
 
 from serve_app.config import AppArgs
+from serve_app.messages import GenerateRequest, GenerationChunk, ReplyTo
 from serve_app.stages.llm import LLMStage
+from serve_app.token_channel import Outbox
 
 
 @serve.deployment(name="llm", max_ongoing_requests=256, max_queued_requests=512,
@@ -26,6 +32,20 @@ class LLM(LLMStage):
         from vllm import envs
 
         envs.enable_envs_cache()
+        self._outbox = Outbox()
+
+    async def generate_to(self, request: GenerateRequest, reply_to: ReplyTo) -> int:
+        """`generate`, its chunks sent to `reply_to` over the token channel; how many it sent."""
+        connection = await self._outbox.connection(reply_to)
+        sent = 0
+        # aclosing: a cancelled call (the client went away) aborts the request in the engine now.
+        # (`generate` is an async generator; the client Protocol it shares with the ingress types it as an iterator.)
+        async with aclosing(cast(AsyncGenerator[GenerationChunk, None], self.generate(request))) as chunks:
+            async for chunk in chunks:
+                connection.send(reply_to.key, chunk)
+                sent += 1
+                await connection.wait_for_reader()
+        return sent
 
     async def metrics_text(self) -> str:
         # vLLM registers its engine metrics in this process's default registry. Imported here: Serve
@@ -35,4 +55,5 @@ class LLM(LLMStage):
         return generate_latest(REGISTRY).decode()
 
     def __del__(self) -> None:
+        self._outbox.close()
         self.shutdown()

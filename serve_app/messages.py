@@ -149,6 +149,16 @@ class SamplingSpec:
 
 
 @message
+class ReplyTo:
+    """Where an llm replica sends a stream's chunks: an ingress replica's token inbox (`token_channel.py`)."""
+
+    host: str
+    port: int
+    secret: bytes
+    key: int
+
+
+@message
 class GenerateRequest:
     """Ingress -> llm: token ids in, no tokenizing on the engine's path."""
 

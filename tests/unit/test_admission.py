@@ -20,6 +20,7 @@ from serve_app.ingress.middleware.admission import InFlightLimit
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest
 from serve_app.stages.tokenizer import TokenizerStage
+from serve_app.token_channel import Inbox
 from tests.unit.conftest import MODEL_NAME, FakeLLM
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -118,7 +119,7 @@ async def test_a_full_stage_behind_a_handle_is_stage_full() -> None:
     assert (raised.value.stage, raised.value.reason, raised.value.code) == ("tokenizer", "stage_full", "overloaded")
     request = GenerateRequest("r", [1], SamplingSpec(max_tokens=1))
     with pytest.raises(OverloadedError) as raised:
-        await anext(aiter(HandleLLM(FullHandle()).generate(request)))  # type: ignore[arg-type]
+        await anext(aiter(HandleLLM(FullHandle(), Inbox("127.0.0.1")).generate(request)))  # type: ignore[arg-type]
     assert (raised.value.stage, raised.value.reason) == ("llm", "stage_full")
 
 

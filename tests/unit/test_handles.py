@@ -12,7 +12,6 @@ import pytest
 from grpc.aio import AioRpcError, Metadata
 from ray.exceptions import ActorDiedError, ActorUnavailableError
 from ray.serve.exceptions import BackPressureError
-from ray.serve.handle import DeploymentResponseGenerator
 
 from deployments import handles
 from deployments.handles import HandleLLM, HandleTokenizer, HandleVocoder
@@ -20,8 +19,16 @@ from deployments.tokenizer import Tokenizer
 from serve_app.config import AppArgs
 from serve_app.errors import OverloadedError, PayloadTooLargeError, StageUnavailableError
 from serve_app.ingress.pipeline.clients import LLMClient
-from serve_app.messages import GenerateRequest, SamplingSpec, TextPrompt, TokenizeRequest, VocodeRequest
+from serve_app.messages import GenerateRequest, ReplyTo, SamplingSpec, TextPrompt, TokenizeRequest, VocodeRequest
+from serve_app.token_channel import Inbox, Outbox
 from tests.unit.conftest import deployment_class
+
+REQUEST = GenerateRequest("r", [1], SamplingSpec(max_tokens=2))
+
+
+@pytest.fixture
+def inbox() -> Inbox:
+    return Inbox("127.0.0.1")
 
 
 class FailingHandle:
@@ -73,12 +80,12 @@ class RaisingStreamHandle:
         raise self.error
 
 
-async def test_a_message_over_the_transport_limit_to_the_llm_is_a_413_too() -> None:
+async def test_a_message_over_the_transport_limit_to_the_llm_is_a_413_too(inbox: Inbox) -> None:
     lost: list[tuple[str, str]] = []
     error = AioRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, Metadata(), Metadata(), "Received message larger than max")
-    llm = HandleLLM(RaisingStreamHandle(error), lambda stage, detail: lost.append((stage, detail)))  # type: ignore[arg-type]
+    llm = HandleLLM(RaisingStreamHandle(error), inbox, lambda stage, detail: lost.append((stage, detail)))  # type: ignore[arg-type]
     with pytest.raises(PayloadTooLargeError, match="the llm stage"):
-        await anext(aiter(llm.generate(GenerateRequest("r", [1], SamplingSpec(max_tokens=1)))))
+        await anext(aiter(llm.generate(REQUEST)))
     assert lost == []
 
 
@@ -125,19 +132,6 @@ class Pending:
         self.cancel_called = True
 
 
-class PendingGenerator(DeploymentResponseGenerator):  # type: ignore[type-arg]
-    """A streaming Serve response that never sends a chunk; records whether it was cancelled."""
-
-    def __init__(self) -> None:  # no Serve router behind it
-        self.cancel_called = False
-
-    async def __anext__(self) -> Any:
-        await asyncio.sleep(3600)
-
-    def cancel(self) -> None:
-        self.cancel_called = True
-
-
 class PendingHandle:
     def __init__(self, response: Any) -> None:
         self.response = response
@@ -161,13 +155,14 @@ async def test_leaving_a_unary_call_early_cancels_it_in_the_replica() -> None:
     assert response.cancel_called
 
 
-async def test_leaving_a_stream_early_cancels_it_in_the_replica() -> None:
-    response = PendingGenerator()
-    llm = HandleLLM(PendingHandle(response))  # type: ignore[arg-type]
+async def test_leaving_a_stream_early_cancels_it_in_the_replica(inbox: Inbox) -> None:
+    response = Pending()
+    llm = HandleLLM(PendingHandle(response), inbox)  # type: ignore[arg-type]
     with pytest.raises(TimeoutError):
         async with asyncio.timeout(0.05):
-            await anext(aiter(llm.generate(GenerateRequest("r", [1], SamplingSpec(max_tokens=1)))))
+            await anext(aiter(llm.generate(REQUEST)))
     assert response.cancel_called
+    assert llm.in_flight == 0
 
 
 class InProcessHandle:
@@ -202,27 +197,38 @@ async def test_each_handle_method_calls_the_deployment_method_of_its_name(app_ar
     await tokenizer.check_health()
 
 
-class QueueGenerator(DeploymentResponseGenerator):  # type: ignore[type-arg]
-    """A streaming Serve response that yields what the test puts in `chunks`, and ends at None."""
+class ChannelReplica:
+    """An llm replica's `generate_to`: sends what the test puts in `chunks` over the token channel, until
+    None; then answers how many it sent, or `answer` if set. With `last_after_answer`, the last chunk
+    leaves after the answer."""
 
-    def __init__(self) -> None:  # no Serve router behind it
+    def __init__(self, answer: int | None = None, last_after_answer: bool = False) -> None:
         self.chunks: asyncio.Queue[Any] = asyncio.Queue()
+        self.outbox = Outbox()
+        self.answer = answer
+        self.last_after_answer = last_after_answer
 
-    async def __anext__(self) -> Any:
-        chunk = await self.chunks.get()
-        if chunk is None:
-            raise StopAsyncIteration
-        return chunk
-
-    def cancel(self) -> None:
-        pass
+    async def generate_to(self, request: GenerateRequest, reply_to: ReplyTo) -> int:
+        connection = await self.outbox.connection(reply_to)
+        sent, held = 0, None
+        while (chunk := await self.chunks.get()) is not None:
+            sent += 1
+            if held is not None:
+                connection.send(reply_to.key, held)
+            held = chunk
+            if not self.last_after_answer:
+                connection.send(reply_to.key, held)
+                held = None
+        if held is not None:
+            asyncio.get_running_loop().call_later(0.05, connection.send, reply_to.key, held)
+        return sent if self.answer is None else self.answer
 
 
 class RecordingHandle:
     """`generate` streams from `stream`; `tokenize` answers when the test resolves its future in `pending`;
     any other method is recorded in `calls` and answers None."""
 
-    def __init__(self, stream: QueueGenerator | None = None) -> None:
+    def __init__(self, stream: ChannelReplica | None = None) -> None:
         self.stream = stream
         self.pending: list[asyncio.Future[Any]] = []
         self.calls: list[str] = []
@@ -239,8 +245,9 @@ class RecordedMethod:
         self.handle, self.method = handle, method
 
     def remote(self, *args: Any) -> Any:
-        if self.method == "generate":
-            return self.handle.stream
+        if self.method == "generate_to":
+            assert self.handle.stream is not None
+            return self.handle.stream.generate_to(*args)
         if self.method == "tokenize":
             self.handle.pending.append(asyncio.get_running_loop().create_future())
             return self.handle.pending[-1]
@@ -248,13 +255,13 @@ class RecordedMethod:
         return asyncio.sleep(0)
 
 
-async def test_a_stream_in_flight_stands_for_the_llm_health_check() -> None:
-    stream = QueueGenerator()
+async def test_a_stream_in_flight_stands_for_the_llm_health_check(inbox: Inbox) -> None:
+    stream = ChannelReplica()
     handle = RecordingHandle(stream)
-    llm = HandleLLM(handle)  # type: ignore[arg-type]
+    llm = HandleLLM(handle, inbox)  # type: ignore[arg-type]
     await llm.check_health()
     assert handle.calls == ["check_health"]  # nothing in flight: the stage is asked
-    chunks = llm.generate(GenerateRequest("r", [1], SamplingSpec(max_tokens=2)))
+    chunks = llm.generate(REQUEST)
     stream.chunks.put_nowait("chunk")
     assert cast(object, await anext(chunks)) == "chunk"  # the stand-in the stream was given
     await llm.check_health()
@@ -264,6 +271,29 @@ async def test_a_stream_in_flight_stands_for_the_llm_health_check() -> None:
         await anext(chunks)
     await llm.check_health()
     assert handle.calls == ["check_health"] * 2  # nothing in flight again: asked
+    assert llm.in_flight == 0
+
+
+async def test_chunks_that_arrive_after_the_calls_answer_are_still_passed_on(inbox: Inbox) -> None:
+    stream = ChannelReplica(last_after_answer=True)
+    llm = HandleLLM(RecordingHandle(stream), inbox)  # type: ignore[arg-type]
+    for chunk in ("first", "last", None):
+        stream.chunks.put_nowait(chunk)
+    assert [chunk async for chunk in llm.generate(REQUEST)] == ["first", "last"]  # type: ignore[comparison-overlap]
+
+
+async def test_chunks_lost_on_the_channel_are_a_503_not_a_short_answer(
+    inbox: Inbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(handles, "LATE_CHUNKS_S", 0.05)
+    stream = ChannelReplica(answer=2)  # says it sent two
+    llm = HandleLLM(RecordingHandle(stream), inbox)  # type: ignore[arg-type]
+    for chunk in ("first", None):
+        stream.chunks.put_nowait(chunk)
+    chunks = llm.generate(REQUEST)
+    assert cast(object, await anext(chunks)) == "first"
+    with pytest.raises(StageUnavailableError, match="sent 2 chunks and 1 arrived"):
+        await anext(chunks)
     assert llm.in_flight == 0
 
 
@@ -306,7 +336,7 @@ async def test_a_metrics_scrape_does_not_wait_for_a_slot_of_a_full_llm_stage(mon
     handle: SimpleNamespace = SimpleNamespace(
         options=lambda **_: handle, metrics_text=SimpleNamespace(remote=lambda: responses[-1])
     )
-    llm = HandleLLM(handle)  # type: ignore[arg-type]
+    llm = HandleLLM(handle, Inbox("127.0.0.1"))  # type: ignore[arg-type]
     assert await llm.metrics_text() == "# llm stage at capacity: no metrics from it yet\n"
     responses.append(PendingResponse())
     responses[1].future.set_result("vllm:num_requests_running 2.0\n")
@@ -329,7 +359,7 @@ async def test_a_unary_method_added_to_the_llm_client_is_a_call_to_the_deploymen
         async def num_unfinished_requests(self) -> int:
             return 3
 
-    llm = HandleLLM(InProcessHandle(Replica()))  # type: ignore[arg-type]
+    llm = HandleLLM(InProcessHandle(Replica()), Inbox("127.0.0.1"))  # type: ignore[arg-type]
     with pytest.raises(AttributeError, match="not a method of LLMClient"):
         await llm.num_unfinished_requests()
     monkeypatch.setattr(handles._UnaryLLM, "client", ExtendedLLMClient)

@@ -6,6 +6,7 @@ from typing import Any
 
 from deployments.ingress import Ingress
 from serve_app.config import AppArgs
+from serve_app.token_channel import Inbox
 from tests.unit.conftest import deployment_class
 
 
@@ -22,10 +23,7 @@ class RecordingHandle:
 def test_every_stage_handle_uses_the_standard_pickle_both_ways(app_args: AppArgs) -> None:
     stages = {"tokenizer": RecordingHandle(), "llm": RecordingHandle()}
     ingress = deployment_class(Ingress)
-    services = ingress._services(app_args, stages)
-    # The llm handle's streaming copy is made from the one the ingress configured.
-    handles = [services.llm._handle, services.llm._stream, services.tokenizer._stage._handle]
-    for handle in handles:
+    services = ingress._services(app_args, stages, Inbox("127.0.0.1"))
+    for handle in [services.llm._handle, services.tokenizer._stage._handle]:
         assert handle.given["request_serialization"] == "pickle"
         assert handle.given["response_serialization"] == "pickle"
-    assert services.llm._stream.given["stream"] is True

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -11,8 +12,10 @@ from vllm import envs
 from deployments.llm import LLM
 from serve_app.config import AppArgs
 from serve_app.stages.llm import LLMStage
+from serve_app.token_channel import Inbox
 from tests.unit.conftest import deployment_class
-from tests.unit.test_llm import FakeEngine
+from tests.unit.test_llm import FakeEngine, request
+from tests.unit.vllm_support import output
 
 
 @pytest.fixture
@@ -45,3 +48,40 @@ def test_the_replica_reads_vllms_environment_once_its_engine_runs(monkeypatch: p
     assert envs.VLLM_COMPUTE_NANS_IN_LOGITS  # cached: the output handler no longer reads os.environ
     del replica
     assert engine.shut_down
+
+
+@pytest.fixture
+def replica_of(monkeypatch: pytest.MonkeyPatch) -> Callable[[FakeEngine], Any]:
+    """An llm replica of the deployment's class around `engine`."""
+
+    def replica_of(engine: FakeEngine) -> Any:
+        monkeypatch.setattr(LLMStage, "parts", staticmethod(lambda args: (engine, None, None, None, 0.0)))
+        return deployment_class(LLM)(object())
+
+    return replica_of
+
+
+@pytest.mark.usefixtures("uncached_envs")
+async def test_generate_to_sends_the_chunks_to_the_inbox_and_answers_how_many(replica_of: Any) -> None:
+    engine = FakeEngine([output((0, "a", [1])), output((0, "b", [2]), finished=True)])
+    inbox = Inbox("127.0.0.1")
+    to, arrivals = await inbox.open()
+    replica = replica_of(engine)
+    assert await replica.generate_to(request(), to) == 2
+    chunks = [await asyncio.wait_for(arrivals.get(), 5) for _ in range(2)]
+    assert [chunk.deltas[0].text for chunk in chunks] == ["a", "b"]
+    assert chunks[1].finished and engine.exit == "finished"
+
+
+@pytest.mark.usefixtures("uncached_envs")
+async def test_a_cancelled_generate_to_aborts_the_request_in_the_engine(replica_of: Any) -> None:
+    engine = FakeEngine([output((0, "a", [1]))])
+    engine.wait = asyncio.Event()  # never set: the engine is busy generating
+    to, arrivals = await Inbox("127.0.0.1").open()
+    call = asyncio.create_task(replica_of(engine).generate_to(request(), to))
+    assert (await asyncio.wait_for(arrivals.get(), 5)).deltas[0].text == "a"
+    await engine.waiting.wait()
+    call.cancel()  # what Serve does when the caller cancels the call
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert engine.exit in ("closed", "cancelled")

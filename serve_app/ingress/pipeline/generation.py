@@ -6,8 +6,9 @@
    of its prompt as it arrived (`early_admission.py`, before parsing) and refused at once if the
    engine is too far behind; then the tokenizer stage (one
    unary hop): render, tokenize, truncate, check the context length; the weight becomes exact.
-4. LLM stage (one streaming hop): token ids in, merged output deltas out. Tokens travel
-   llm -> ingress directly, so a streamed token pays one hop, never one per stage.
+4. LLM stage (one call; its chunks come back over the token channel, many streams a message,
+   `serve_app/token_channel.py`): token ids in, merged output deltas out. Tokens travel
+   llm -> ingress directly, never through the other stages.
 5. The first chunk is awaited before any byte is sent, so an engine rejection or backpressure
    still becomes a proper HTTP status; later chunks stream as they come.
 6. The endpoint module formats the chunks as an OpenAI response or SSE events.

@@ -1,0 +1,153 @@
+"""The token channel: streamed chunks from llm replicas to an ingress replica, many streams a message.
+
+Over a Serve streaming call every chunk is a message of its own, and each pays Serve's per-item work on
+both ends (its generator wrappers, a gRPC frame, a wake-up of the reading task). Here the llm stage's
+call stays a Serve call (routing, `max_ongoing_requests`, cancellation, errors, autoscaling all as
+before) but answers only how many chunks it sent; the chunks go to the caller's `Inbox` over one TCP
+connection per llm replica and ingress replica, and the chunks that are ready in the same turn of the
+llm replica's event loop (one engine step's outputs, for every stream of that ingress) go in one write.
+What it saves: docs/benchmarks-notes.md, stop 49.
+
+Framing: a 4-byte big-endian length, then that many bytes. A connection's first frame is the inbox's
+secret (random, 16 bytes, passed in each request's `ReplyTo` through Serve); nothing else from a
+connection is read without it, since the rest are pickles (as Serve's own messages between replicas
+are). Each later frame is a pickled list of `(key, chunk)`: `key` names the stream at the inbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import logging
+import os
+import pickle
+import secrets
+from typing import Any
+
+from serve_app.errors import ServiceUnavailableError
+from serve_app.messages import ReplyTo
+
+logger = logging.getLogger("ray.serve")
+
+_LENGTH = 4
+# Above this many unsent bytes on a connection, a sender waits for its reader (the ingress) to catch up.
+_HIGH_WATER = 1 << 20
+
+
+def _frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(_LENGTH, "big") + payload
+
+
+class Inbox:
+    """The ingress end: a TCP server whose connections carry chunks for the streams opened here."""
+
+    def __init__(self, host: str) -> None:
+        self._host = host
+        self._secret = secrets.token_bytes(16)
+        self._queues: dict[int, asyncio.Queue[Any]] = {}
+        # Keys are never reused within a process, so a chunk that comes after its stream closed is dropped.
+        self._keys = itertools.count(int.from_bytes(os.urandom(4), "big"))
+        self._port: int | None = None
+        self._starting = asyncio.Lock()
+        self._server: asyncio.Server | None = None
+
+    async def open(self) -> tuple[ReplyTo, asyncio.Queue[Any]]:
+        """A new stream: where its chunks are to be sent, and the queue they arrive in."""
+        if self._port is None:
+            async with self._starting:
+                if self._port is None:
+                    self._server = await asyncio.start_server(self._read, self._host, 0)
+                    self._port = self._server.sockets[0].getsockname()[1]
+        key = next(self._keys)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._queues[key] = queue
+        return ReplyTo(self._host, self._port, self._secret, key), queue
+
+    def close(self, key: int) -> None:
+        self._queues.pop(key, None)
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            length = int.from_bytes(await reader.readexactly(_LENGTH), "big")
+            if length != len(self._secret) or not hmac.compare_digest(await reader.readexactly(length), self._secret):
+                logger.warning("token channel: a connection from %s without the secret, closed",
+                               writer.get_extra_info("peername"))  # fmt: skip
+                return
+            queues = self._queues
+            while True:
+                length = int.from_bytes(await reader.readexactly(_LENGTH), "big")
+                for key, chunk in pickle.loads(await reader.readexactly(length)):
+                    queue = queues.get(key)
+                    if queue is not None:
+                        queue.put_nowait(chunk)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the llm replica closed it or went away; its calls in flight fail through Serve
+        finally:
+            writer.close()
+
+
+class _Connection:
+    """One llm replica's connection to one inbox; chunks sent in the same loop turn go in one frame."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._pending: list[tuple[int, Any]] = []
+
+    def send(self, key: int, chunk: Any) -> None:
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append((key, chunk))
+
+    def _flush(self) -> None:
+        if self._pending:
+            batch, self._pending = self._pending, []
+            self.writer.write(_frame(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)))
+
+    def close(self) -> None:
+        self._flush()  # what was sent this turn still goes
+        self.writer.close()
+
+    async def wait_for_reader(self) -> None:
+        if self.writer.transport.get_write_buffer_size() > _HIGH_WATER:
+            await self.writer.drain()
+
+
+class Outbox:
+    """The llm replica's end: a connection per inbox, opened by the first stream to it."""
+
+    def __init__(self) -> None:
+        self._connections: dict[tuple[str, int], asyncio.Future[_Connection]] = {}
+
+    async def connection(self, to: ReplyTo) -> _Connection:
+        """The open connection to `to`'s inbox; ServiceUnavailableError if it cannot be reached."""
+        address = (to.host, to.port)
+        opening = self._connections.get(address)
+        if opening is None or _broken(opening):
+            # Connections to inboxes that went away (an ingress replica replaced) are dropped here.
+            self._connections = {a: c for a, c in self._connections.items() if not _broken(c)}
+            opening = self._connections[address] = asyncio.ensure_future(_open(to))
+        try:
+            # Shielded: a stream cancelled while the connection opens leaves it to the others.
+            return await asyncio.shield(opening)
+        except OSError as exc:
+            raise ServiceUnavailableError(
+                f"The llm stage cannot reach the ingress's token inbox at {to.host}:{to.port}: {exc}"
+            ) from exc
+
+    def close(self) -> None:
+        for opening in self._connections.values():
+            if not _broken(opening):
+                opening.result().close()
+
+
+def _broken(opening: asyncio.Future[_Connection]) -> bool:
+    if not opening.done():
+        return False
+    return opening.cancelled() or opening.exception() is not None or opening.result().writer.is_closing()
+
+
+async def _open(to: ReplyTo) -> _Connection:
+    _, writer = await asyncio.open_connection(to.host, to.port)
+    writer.write(_frame(to.secret))
+    return _Connection(writer)
