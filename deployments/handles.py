@@ -91,6 +91,19 @@ def _answered(arrivals: asyncio.Queue[Any], answer: asyncio.Future[Any]) -> None
     arrivals.put_nowait(_ANSWERED)
 
 
+async def _late_chunk(arrivals: asyncio.Queue[Any], number: int, sent: int) -> Any:
+    """Chunk `number` of the `sent` a call answered it sent, waited for at most `LATE_CHUNKS_S`."""
+    if not arrivals.empty():
+        return arrivals.get_nowait()
+    try:
+        return await asyncio.wait_for(arrivals.get(), LATE_CHUNKS_S)
+    except TimeoutError as exc:
+        raise StageUnavailableError(
+            f"The llm stage sent {sent} chunks and {number - 1} arrived over the token channel; retry.",
+            code="stage_unavailable",
+        ) from exc
+
+
 @contextmanager
 def _stage_errors(stage: str, on_lost: OnStageLost | None) -> Iterator[None]:
     """A call's Serve errors as the client's: a full stage is a 503 to retry, a lost replica a 503 reported."""
@@ -224,24 +237,18 @@ class HandleLLM:
                     while (chunk := await arrivals.get()) is not _ANSWERED:
                         received += 1
                         yield chunk
+                    # An error answered ends the stream here; chunks still on their way are dropped then.
                     sent: int = answer.result()
                     # The last chunks may still be on their way: they left before the answer, by another path.
-                    late = time.monotonic() + LATE_CHUNKS_S
                     while received < sent:
-                        chunk = await asyncio.wait_for(arrivals.get(), late - time.monotonic())
                         received += 1
-                        yield chunk
+                        yield await _late_chunk(arrivals, received, sent)
                 except (GeneratorExit, asyncio.CancelledError):
                     # Left before its end (deadline, a sibling prompt failed, the client went away): cancel the
                     # call in the replica now, which closes the engine's generator. Serve does that by itself
                     # only when the whole HTTP request is cancelled.
                     response.cancel()  # type: ignore[no-untyped-call]
                     raise
-        except TimeoutError as exc:
-            raise StageUnavailableError(
-                f"The llm stage sent {sent} chunks and {received} arrived over the token channel; retry.",
-                code="stage_unavailable",
-            ) from exc
         except Exception as exc:
             # The engine died or hung (watchdog) after the first chunk: only this call sees it.
             error = find_openai_error(exc)

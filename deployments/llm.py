@@ -55,5 +55,7 @@ class LLM(LLMStage):
         return generate_latest(REGISTRY).decode()
 
     def __del__(self) -> None:
-        self._outbox.close()
-        self.shutdown()
+        try:
+            self.shutdown()
+        finally:
+            self._outbox.close()

@@ -31,8 +31,11 @@ from serve_app.messages import ReplyTo
 logger = logging.getLogger("ray.serve")
 
 _LENGTH = 4
-# Above this many unsent bytes on a connection, a sender waits for its reader (the ingress) to catch up.
+# Above this many bytes not yet taken by the kernel, a sender waits until they are: the ingress's loop
+# reads every connection eagerly, so this holds back an llm replica only when that loop falls behind.
 _HIGH_WATER = 1 << 20
+# A connection that has not sent the secret within this long is closed.
+_HANDSHAKE_S = 5.0
 
 
 def _frame(payload: bytes) -> bytes:
@@ -50,15 +53,15 @@ class Inbox:
         self._keys = itertools.count(int.from_bytes(os.urandom(4), "big"))
         self._port: int | None = None
         self._starting = asyncio.Lock()
-        self._server: asyncio.Server | None = None
 
     async def open(self) -> tuple[ReplyTo, asyncio.Queue[Any]]:
         """A new stream: where its chunks are to be sent, and the queue they arrive in."""
         if self._port is None:
             async with self._starting:
                 if self._port is None:
-                    self._server = await asyncio.start_server(self._read, self._host, 0)
-                    self._port = self._server.sockets[0].getsockname()[1]
+                    # Serves for the life of the process (the ingress replica's); the loop keeps it.
+                    server = await asyncio.start_server(self._read, self._host, 0)
+                    self._port = server.sockets[0].getsockname()[1]
         key = next(self._keys)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._queues[key] = queue
@@ -68,9 +71,13 @@ class Inbox:
         self._queues.pop(key, None)
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Ended, the connection closes, and its llm replica fails the calls that would send on it
+        # (`_Connection.send`): their streams get that error as their call's answer.
         try:
-            length = int.from_bytes(await reader.readexactly(_LENGTH), "big")
-            if length != len(self._secret) or not hmac.compare_digest(await reader.readexactly(length), self._secret):
+            async with asyncio.timeout(_HANDSHAKE_S):
+                length = int.from_bytes(await reader.readexactly(_LENGTH), "big")
+                secret = await reader.readexactly(length) if length == len(self._secret) else b""
+            if not hmac.compare_digest(secret, self._secret):
                 logger.warning("token channel: a connection from %s without the secret, closed",
                                writer.get_extra_info("peername"))  # fmt: skip
                 return
@@ -82,7 +89,9 @@ class Inbox:
                     if queue is not None:
                         queue.put_nowait(chunk)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass  # the llm replica closed it or went away; its calls in flight fail through Serve
+            pass  # the llm replica closed it or went away
+        except Exception:
+            logger.exception("token channel: a connection from %s failed, closed", writer.get_extra_info("peername"))
         finally:
             writer.close()
 
@@ -90,26 +99,46 @@ class Inbox:
 class _Connection:
     """One llm replica's connection to one inbox; chunks sent in the same loop turn go in one frame."""
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str) -> None:
         self.writer = writer
+        self._address = address
         self._pending: list[tuple[int, Any]] = []
+        # The inbox never writes: the end of what it sends is the end of the connection (asyncio would
+        # keep writing into a half-closed one, and the chunks would go nowhere).
+        self._watch = asyncio.ensure_future(reader.read())
+        self._watch.add_done_callback(self._ended)
+
+    def _ended(self, watch: asyncio.Future[bytes]) -> None:
+        if not watch.cancelled():
+            watch.exception()  # a reset ends it as well as a close: read here, so that asyncio does not log it
+        self.writer.close()
+
+    @property
+    def broken(self) -> bool:
+        return self.writer.is_closing()
 
     def send(self, key: int, chunk: Any) -> None:
+        """Sends `chunk` to stream `key` with the others sent this turn; ServiceUnavailableError once the
+        connection has ended."""
+        if self.broken:
+            raise ServiceUnavailableError(f"The llm stage lost its connection to the ingress's token inbox at "
+                                          f"{self._address}; retry.")  # fmt: skip
         if not self._pending:
             asyncio.get_running_loop().call_soon(self._flush)
         self._pending.append((key, chunk))
 
     def _flush(self) -> None:
-        if self._pending:
+        if self._pending and not self.broken:
             batch, self._pending = self._pending, []
             self.writer.write(_frame(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)))
 
     def close(self) -> None:
         self._flush()  # what was sent this turn still goes
         self.writer.close()
+        self._watch.cancel()
 
     async def wait_for_reader(self) -> None:
-        if self.writer.transport.get_write_buffer_size() > _HIGH_WATER:
+        if not self.broken and self.writer.transport.get_write_buffer_size() > _HIGH_WATER:
             await self.writer.drain()
 
 
@@ -137,17 +166,17 @@ class Outbox:
 
     def close(self) -> None:
         for opening in self._connections.values():
-            if not _broken(opening):
+            if opening.done() and not _broken(opening):
                 opening.result().close()
 
 
 def _broken(opening: asyncio.Future[_Connection]) -> bool:
     if not opening.done():
         return False
-    return opening.cancelled() or opening.exception() is not None or opening.result().writer.is_closing()
+    return opening.cancelled() or opening.exception() is not None or opening.result().broken
 
 
 async def _open(to: ReplyTo) -> _Connection:
-    _, writer = await asyncio.open_connection(to.host, to.port)
+    reader, writer = await asyncio.open_connection(to.host, to.port)
     writer.write(_frame(to.secret))
-    return _Connection(writer)
+    return _Connection(reader, writer, f"{to.host}:{to.port}")

@@ -1,8 +1,8 @@
 """Stream pacing: a generation's outputs sent at most once per interval after the first.
 
-Every chunk a stream sends costs the same CPU on its way out, whatever it carries: the Serve hop from
-the llm replica to the ingress (~0.4 ms a streamed item on each side on a 2-core EPYC, docs/benchmarks.md
-section 42), the ingress's SSE event and socket write, HAProxy's forwarding. The engine emits an output
+Every chunk a stream sends costs the same CPU on its way out, whatever it carries: its part of a write
+on the token channel from the llm replica to the ingress (`serve_app/token_channel.py`), a wake-up of
+its request's task there, the ingress's SSE event and socket write, HAProxy's forwarding. The engine emits an output
 every `engine.stream_interval` tokens however fast it decodes, so a fast engine pays that cost more often
 per second than a client can read. Pacing holds an output that comes sooner than `interval_s` after the
 last one sent, at most until the interval is up, and sends it merged with the ones that come meanwhile,

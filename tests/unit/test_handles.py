@@ -17,7 +17,7 @@ from deployments import handles
 from deployments.handles import HandleLLM, HandleTokenizer, HandleVocoder
 from deployments.tokenizer import Tokenizer
 from serve_app.config import AppArgs
-from serve_app.errors import OverloadedError, PayloadTooLargeError, StageUnavailableError
+from serve_app.errors import EngineDeadError, OverloadedError, PayloadTooLargeError, StageUnavailableError
 from serve_app.ingress.pipeline.clients import LLMClient
 from serve_app.messages import GenerateRequest, ReplyTo, SamplingSpec, TextPrompt, TokenizeRequest, VocodeRequest
 from serve_app.token_channel import Inbox, Outbox
@@ -65,7 +65,7 @@ async def test_a_message_over_the_transport_limit_is_a_413_and_leaves_health_alo
 
 
 class RaisingStreamHandle:
-    """A streaming DeploymentHandle whose every call raises `error` at once."""
+    """A DeploymentHandle (also as its `options()`) whose every call raises `error` at once."""
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
@@ -202,11 +202,14 @@ class ChannelReplica:
     None; then answers how many it sent, or `answer` if set. With `last_after_answer`, the last chunk
     leaves after the answer."""
 
-    def __init__(self, answer: int | None = None, last_after_answer: bool = False) -> None:
+    def __init__(
+        self, answer: int | None = None, last_after_answer: bool = False, error: BaseException | None = None
+    ) -> None:
         self.chunks: asyncio.Queue[Any] = asyncio.Queue()
         self.outbox = Outbox()
         self.answer = answer
         self.last_after_answer = last_after_answer
+        self.error = error
 
     async def generate_to(self, request: GenerateRequest, reply_to: ReplyTo) -> int:
         connection = await self.outbox.connection(reply_to)
@@ -221,6 +224,9 @@ class ChannelReplica:
                 held = None
         if held is not None:
             asyncio.get_running_loop().call_later(0.05, connection.send, reply_to.key, held)
+        if self.error is not None:
+            await asyncio.sleep(0.05)  # the chunks before it are in by then
+            raise self.error
         return sent if self.answer is None else self.answer
 
 
@@ -280,6 +286,44 @@ async def test_chunks_that_arrive_after_the_calls_answer_are_still_passed_on(inb
     for chunk in ("first", "last", None):
         stream.chunks.put_nowait(chunk)
     assert [chunk async for chunk in llm.generate(REQUEST)] == ["first", "last"]  # type: ignore[comparison-overlap]
+
+
+async def test_a_late_chunk_already_in_is_passed_on_however_slowly_the_stream_is_read(
+    inbox: Inbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(handles, "LATE_CHUNKS_S", 0.01)  # shorter than the last chunk takes to come
+    stream = ChannelReplica(last_after_answer=True)
+    llm = HandleLLM(RecordingHandle(stream), inbox)  # type: ignore[arg-type]
+    for chunk in ("first", "last", None):
+        stream.chunks.put_nowait(chunk)
+    chunks = llm.generate(REQUEST)
+    assert cast(object, await anext(chunks)) == "first"
+    await asyncio.sleep(0.2)  # a slow client: the last chunk came meanwhile
+    assert cast(object, await anext(chunks)) == "last"
+
+
+@pytest.mark.parametrize(
+    ("error", "expected", "reported"),
+    [
+        (BackPressureError(num_queued_requests=1, max_queued_requests=1), OverloadedError, False),
+        (ActorDiedError(), StageUnavailableError, True),
+        (EngineDeadError("The engine died: x"), EngineDeadError, True),
+    ],
+)
+async def test_an_error_in_the_calls_answer_ends_the_stream_after_its_chunks(
+    inbox: Inbox, error: BaseException, expected: type[Exception], reported: bool
+) -> None:
+    lost: list[tuple[str, str]] = []
+    stream = ChannelReplica(error=error)
+    llm = HandleLLM(RecordingHandle(stream), inbox, lambda stage, detail: lost.append((stage, detail)))  # type: ignore[arg-type]
+    for chunk in ("first", None):
+        stream.chunks.put_nowait(chunk)
+    chunks = llm.generate(REQUEST)
+    assert cast(object, await anext(chunks)) == "first"
+    with pytest.raises(expected):
+        await anext(chunks)
+    assert [stage for stage, _ in lost] == (["llm"] if reported else [])
+    assert llm.in_flight == 0
 
 
 async def test_chunks_lost_on_the_channel_are_a_503_not_a_short_answer(

@@ -10,6 +10,7 @@ import pytest
 from vllm import envs
 
 from deployments.llm import LLM
+from serve_app import token_channel
 from serve_app.config import AppArgs
 from serve_app.stages.llm import LLMStage
 from serve_app.token_channel import Inbox
@@ -74,14 +75,23 @@ async def test_generate_to_sends_the_chunks_to_the_inbox_and_answers_how_many(re
 
 
 @pytest.mark.usefixtures("uncached_envs")
-async def test_a_cancelled_generate_to_aborts_the_request_in_the_engine(replica_of: Any) -> None:
-    engine = FakeEngine([output((0, "a", [1]))])
-    engine.wait = asyncio.Event()  # never set: the engine is busy generating
+async def test_a_generate_to_cancelled_between_chunks_aborts_the_request_in_the_engine(
+    replica_of: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = FakeEngine([output((0, "a", [1])), output((0, "b", [2]))])
+    waiting = asyncio.Event()
+
+    async def reader_far_behind(self: Any) -> None:
+        waiting.set()
+        await asyncio.Event().wait()
+
+    # Cancelled while it waits for the inbox, outside the engine's generator: only closing it aborts the request.
+    monkeypatch.setattr(token_channel._Connection, "wait_for_reader", reader_far_behind)
     to, arrivals = await Inbox("127.0.0.1").open()
     call = asyncio.create_task(replica_of(engine).generate_to(request(), to))
     assert (await asyncio.wait_for(arrivals.get(), 5)).deltas[0].text == "a"
-    await engine.waiting.wait()
+    await waiting.wait()
     call.cancel()  # what Serve does when the caller cancels the call
     with pytest.raises(asyncio.CancelledError):
         await call
-    assert engine.exit in ("closed", "cancelled")
+    assert engine.exit == "closed"

@@ -83,17 +83,31 @@ async def test_an_unreachable_inbox_is_a_503_naming_it() -> None:
         await Outbox().connection(ReplyTo("127.0.0.1", port, b"s" * 16, 1))
 
 
-async def test_a_broken_connection_is_opened_again() -> None:
+async def test_a_connection_the_inbox_ended_fails_its_senders_and_is_opened_again() -> None:
     inbox = Inbox("127.0.0.1")
     to, arrivals = await inbox.open()
     outbox = Outbox()
     broken = await outbox.connection(to)
-    broken.writer.close()
-    await broken.writer.wait_closed()
+    broken.writer.write(token_channel._frame(b"not a pickle"))  # the inbox logs it and closes the connection
+    async with asyncio.timeout(5):
+        while not broken.broken:
+            await asyncio.sleep(0.01)
+    with pytest.raises(
+        ServiceUnavailableError, match=f"lost its connection to the ingress's token inbox at 127.0.0.1:{to.port}"
+    ):
+        broken.send(to.key, "lost")
     connection = await outbox.connection(to)
     assert connection is not broken
     connection.send(to.key, "after")
     assert await arrivals.get() == "after"
+
+
+async def test_a_connection_that_never_sends_the_secret_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(token_channel, "_HANDSHAKE_S", 0.05)
+    to, _ = await Inbox("127.0.0.1").open()
+    reader, writer = await asyncio.open_connection(to.host, to.port)
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
 
 
 async def test_a_sender_waits_while_its_reader_is_far_behind(monkeypatch: pytest.MonkeyPatch) -> None:
