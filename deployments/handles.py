@@ -104,6 +104,11 @@ async def _late_chunk(arrivals: asyncio.Queue[Any], number: int, sent: int) -> A
         ) from exc
 
 
+def _chunks_sent_before(error: BaseException) -> int:
+    found = find_openai_error(error)
+    return found.chunks_sent if found is not None else 0
+
+
 @contextmanager
 def _stage_errors(stage: str, on_lost: OnStageLost | None) -> Iterator[None]:
     """A call's Serve errors as the client's: a full stage is a 503 to retry, a lost replica a 503 reported."""
@@ -237,12 +242,15 @@ class HandleLLM:
                     while (chunk := await arrivals.get()) is not _ANSWERED:
                         received += 1
                         yield chunk
-                    # An error answered ends the stream here; chunks still on their way are dropped then.
-                    sent: int = answer.result()
                     # The last chunks may still be on their way: they left before the answer, by another path.
+                    # An error the stage raised after chunks says how many it sent; any other ends the stream.
+                    error = answer.exception()
+                    sent: int = answer.result() if error is None else _chunks_sent_before(error)
                     while received < sent:
                         received += 1
                         yield await _late_chunk(arrivals, received, sent)
+                    if error is not None:
+                        raise error
                 except (GeneratorExit, asyncio.CancelledError):
                     # Left before its end (deadline, a sibling prompt failed, the client went away): cancel the
                     # call in the replica now, which closes the engine's generator. Serve does that by itself

@@ -14,6 +14,7 @@ from typing import cast
 from ray import serve
 
 from serve_app.config import AppArgs
+from serve_app.errors import OpenAIError
 from serve_app.messages import GenerateRequest, GenerationChunk, ReplyTo
 from serve_app.stages.llm import LLMStage
 from serve_app.token_channel import Outbox
@@ -38,13 +39,20 @@ class LLM(LLMStage):
         """`generate`, its chunks sent to `reply_to` over the token channel; how many it sent."""
         connection = await self._outbox.connection(reply_to)
         sent = 0
-        # aclosing: a cancelled call (the client went away) aborts the request in the engine now.
-        # (`generate` is an async generator; the client Protocol it shares with the ingress types it as an iterator.)
-        async with aclosing(cast(AsyncGenerator[GenerationChunk, None], self.generate(request))) as chunks:
-            async for chunk in chunks:
-                connection.send(reply_to.key, chunk)
-                sent += 1
-                await connection.wait_for_reader()
+        try:
+            # aclosing: a cancelled call (the client went away) aborts the request in the engine now. (`generate`
+            # is an async generator; the client Protocol it shares with the ingress types it as an iterator.)
+            async with aclosing(cast(AsyncGenerator[GenerationChunk, None], self.generate(request))) as chunks:
+                async for chunk in chunks:
+                    connection.send(reply_to.key, chunk)
+                    sent += 1
+                    await connection.wait_for_reader()
+        except OpenAIError as exc:
+            # The engine died after some chunks, say: the stream is to show them before the error, which
+            # may reach the ingress before they do. On a broken connection none are on their way.
+            if not connection.broken:
+                exc.chunks_sent = sent
+            raise
         return sent
 
     async def metrics_text(self) -> str:

@@ -34,10 +34,15 @@ class OpenAIError(Exception):
         self.message = message
         self.param = param
         self.code = code
+        # Raised by an llm replica after it sent this many chunks of the stream over the token channel: the
+        # stream reads them before the error (`deployments/handles.py`). Set on the instance, as the others:
+        # Ray's wrapper of an error raised in a replica reads from the error only what it lacks itself.
+        self.chunks_sent = 0
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Keyword-only arguments are lost by the default pickling that Ray uses between replicas.
-        return (_rebuild, (type(self), self.message, self.param, self.code))
+        # Keyword-only arguments are lost by the default pickling that Ray uses between replicas; the
+        # attributes (a subclass's own, `chunks_sent`) are set again from the state.
+        return (_rebuild, (type(self), self.message, self.param, self.code), self.__dict__)
 
     def to_dict(self) -> dict[str, Any]:
         code = self.code if self.code is not None else self.status_code
@@ -115,17 +120,7 @@ class OverloadedError(ServiceUnavailableError):
     ) -> None:
         super().__init__(message, param=param, code=code)
         self.stage = stage
-        self.reason = reason
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # The reason is raised in a replica (engine queue) and counted in the ingress.
-        return (_rebuild_overloaded, (type(self), self.message, self.param, self.code, self.stage, self.reason))
-
-
-def _rebuild_overloaded(
-    cls: type[OverloadedError], message: str, param: str | None, code: str | None, stage: str, reason: str
-) -> OverloadedError:
-    return cls(message, param=param, code=code, stage=stage, reason=reason)
+        self.reason = reason  # raised in a replica (engine queue), counted in the ingress
 
 
 class DeadlineExceededError(OpenAIError):

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import shutil
+import tempfile
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import aclosing, contextmanager, nullcontext
 from typing import Any, Protocol
 
@@ -106,7 +109,41 @@ def build_engine(args: AppArgs) -> Engine:
                 args.model.name, dtype, args.engine.dtype, *shown)  # fmt: skip
     _ENGINE_INFO.info(placement)
     with _worker_in_engine_core(vllm_config) if uni else nullcontext():
-        engine: Engine = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=not args.engine.log_stats)
+        return _ipc_files_removed_at_shutdown(
+            lambda: AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=not args.engine.log_stats)
+        )
+
+
+def _ipc_files_removed_at_shutdown(start: Callable[[], Engine]) -> Engine:
+    """vLLM's ZMQ sockets between this process and its engine core are Unix socket files named in
+    `VLLM_RPC_BASE_PATH` (by default /tmp). vLLM binds them itself, so ZMQ does not unlink them, and vLLM
+    does only when its listeners are garbage-collected: never in a replica that Serve stops, nor in a
+    `vllm serve` stopped with Ctrl-C (2,056 such files had gathered in this machine's /tmp). Here the
+    engine started by `start` puts them in a directory of its own, removed when it shuts down (a replica
+    that is killed leaves that one directory). Not sooner: the engine core may connect after `AsyncLLM`
+    is made, and one that found no file hung (measured: its first request waited for the watchdog)."""
+    path = tempfile.mkdtemp(prefix="vllm-ipc-")
+    previous = os.environ.get("VLLM_RPC_BASE_PATH")
+    os.environ["VLLM_RPC_BASE_PATH"] = path
+    try:
+        engine = start()
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    finally:
+        if previous is None:
+            del os.environ["VLLM_RPC_BASE_PATH"]
+        else:
+            os.environ["VLLM_RPC_BASE_PATH"] = previous
+    shutdown = engine.shutdown
+
+    def shutdown_and_remove_files() -> None:
+        try:
+            shutdown()
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    engine.shutdown = shutdown_and_remove_files  # type: ignore[method-assign]
     return engine
 
 

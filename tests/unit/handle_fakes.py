@@ -93,8 +93,8 @@ class InProcessMethod:
 
 class ChannelReplica:
     """An llm replica's `generate_to`: sends what the test puts in `chunks` over the token channel, until
-    None; then answers how many it sent, or `answer` if set. With `last_after_answer`, the last chunk
-    leaves after the answer."""
+    None; then answers how many it sent, or `answer` if set, or raises `error`. With `last_after_answer`, the
+    last chunk leaves after the answer (or the error)."""
 
     def __init__(
         self, answer: int | None = None, last_after_answer: bool = False, error: BaseException | None = None
@@ -118,8 +118,9 @@ class ChannelReplica:
                 held = None
         if held is not None:
             asyncio.get_running_loop().call_later(0.05, connection.send, reply_to.key, held)
-        if self.error is not None:
+        elif self.error is not None:
             await asyncio.sleep(0.05)  # the chunks before it are in by then
+        if self.error is not None:
             raise self.error
         return sent if self.answer is None else self.answer
 

@@ -6,6 +6,7 @@ import json
 import pickle
 
 import pytest
+from ray.exceptions import RayTaskError
 
 from serve_app.config import AdmissionConfig
 from serve_app.errors import (
@@ -109,6 +110,23 @@ def test_pickle_round_trip_keeps_class_and_fields(cls: type[OpenAIError], protoc
 def test_pickle_round_trip_without_param_or_code() -> None:
     copy = pickle.loads(pickle.dumps(NotFoundError("gone")))
     assert (type(copy), copy.message, copy.param, copy.code) == (NotFoundError, "gone", None, None)
+
+
+def test_pickle_round_trip_keeps_the_attributes_set_on_an_error() -> None:
+    error = OverloadedError("full", stage="llm", reason="engine_queue_full")
+    error.chunks_sent = 3  # as an llm replica sets it on an error after chunks
+    copy = pickle.loads(pickle.dumps(error))
+    assert (copy.stage, copy.reason, copy.chunks_sent) == ("llm", "engine_queue_full", 3)
+    assert pickle.loads(pickle.dumps(EngineDeadError("x"))).chunks_sent == 0
+
+
+def test_the_attributes_of_an_error_raised_in_a_replica_are_read_through_rays_wrapper() -> None:
+    error = EngineDeadError("The engine died: x")
+    error.chunks_sent = 3
+    raised = RayTaskError("generate_to", "Traceback ...", pickle.loads(pickle.dumps(error))).as_instanceof_cause()  # type: ignore[no-untyped-call]
+    found = find_openai_error(raised)
+    assert isinstance(found, EngineDeadError)
+    assert (found.chunks_sent, found.message) == (3, "The engine died: x")
 
 
 def test_find_returns_the_error_itself() -> None:

@@ -121,6 +121,20 @@ async def test_an_error_in_the_calls_answer_ends_the_stream_after_its_chunks(
     assert llm.in_flight == 0
 
 
+async def test_an_error_the_stage_raised_after_chunks_comes_after_all_of_them(inbox: Inbox) -> None:
+    """The engine died after two chunks, the second still on its way when the error answered the call."""
+    error = EngineDeadError("The engine died: x")
+    error.chunks_sent = 2  # as the llm replica's `generate_to` sets it
+    stream = ChannelReplica(last_after_answer=True, error=error)
+    llm = HandleLLM(RecordingHandle(stream), inbox)  # type: ignore[arg-type]
+    for chunk in ("first", "second", None):
+        stream.chunks.put_nowait(chunk)
+    chunks = llm.generate(REQUEST)
+    assert [cast(object, await anext(chunks)) for _ in range(2)] == ["first", "second"]
+    with pytest.raises(EngineDeadError):
+        await anext(chunks)
+
+
 async def test_chunks_lost_on_the_channel_are_a_503_not_a_short_answer(
     inbox: Inbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -1,5 +1,5 @@
 """`build_engine` in serve_app/stages/llm.py: the engine arguments and the environment its engine core
-starts with (vLLM's `AsyncLLM.from_vllm_config` replaced, so no engine process starts)."""
+starts with, its socket files (vLLM's `AsyncLLM.from_vllm_config` replaced, so no engine process starts)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import logging
 import os
 from logging.handlers import MemoryHandler, RotatingFileHandler
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -39,17 +40,19 @@ def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
         monkeypatch.delenv(name, raising=False)
     started: dict[str, Any] = {}
 
-    def start(vllm_config: Any, **_: Any) -> str:
+    made = SimpleNamespace(shutdown=lambda: None)
+
+    def start(vllm_config: Any, **_: Any) -> SimpleNamespace:
         started["executor"] = vllm_config.parallel_config.distributed_executor_backend
         started["env"] = {name: os.environ[name] for name in OMP_BINDING if name in os.environ}
         started["top_p"] = os.environ[top_p.ENV]
         started["policy"] = vllm_config.scheduler_config.policy
-        return "engine"
+        return made
 
     monkeypatch.setattr(AsyncLLM, "from_vllm_config", start)
     engine = {"cpu_cores": "1", "executor_backend": backend, "scheduling_policy": "priority"}
     built = build_engine(parse_app_args({**raw_args, "engine": engine}))
-    assert cast(object, built) == "engine"  # what the stand-in `start` returned, not an `Engine`
+    assert cast(object, built) is made  # what the stand-in `start` returned, not an `Engine`
     assert started["executor"] == backend
     assert started["policy"] == "priority"  # vLLM's own engine would otherwise ignore every priority
     assert started["top_p"] == "histogram"  # the default; the engine's plugin reads it (tests/unit/test_top_p.py)
@@ -74,7 +77,7 @@ def test_the_replicas_log_records_still_reach_its_file_once_the_engine_is_made(
 
     # vLLM configures its logging once per process: again here, as in a replica that has not made an engine.
     monkeypatch.setattr(vllm.logger, "_last_configured_logging_config", None)
-    monkeypatch.setattr(AsyncLLM, "from_vllm_config", lambda *_, **__: "engine")
+    monkeypatch.setattr(AsyncLLM, "from_vllm_config", lambda *_, **__: SimpleNamespace(shutdown=lambda: None))
     path = tmp_path / "replica.log"
     target = RotatingFileHandler(path, maxBytes=1 << 20)
     serve_logger = logging.getLogger("ray.serve")
@@ -86,3 +89,35 @@ def test_the_replicas_log_records_still_reach_its_file_once_the_engine_is_made(
     finally:
         target.close()
     assert "once the engine is made" in path.read_text()
+
+
+def test_the_engines_socket_files_go_in_a_directory_of_its_own_removed_at_its_shutdown(
+    monkeypatch: pytest.MonkeyPatch, raw_args: dict[str, Any]
+) -> None:
+    """vLLM names its sockets to the engine core in `VLLM_RPC_BASE_PATH` and, stopped, leaves the files."""
+    import zmq
+    from vllm import envs
+    from vllm.utils.network_utils import get_open_zmq_ipc_path
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    from serve_app.config import parse_app_args
+    from serve_app.stages.llm import build_engine
+
+    envs.disable_envs_cache()  # read as in a replica whose engine has not started
+    monkeypatch.setenv("VLLM_RPC_BASE_PATH", "/elsewhere")
+    shut_down: list[bool] = []
+
+    def start(*_: Any, **__: Any) -> SimpleNamespace:
+        address = get_open_zmq_ipc_path()  # as vLLM names each socket while the engine starts
+        with zmq.Context() as context, context.socket(zmq.PULL) as pull:
+            pull.bind(address)
+        return SimpleNamespace(address=address, shutdown=lambda: shut_down.append(True))
+
+    monkeypatch.setattr(AsyncLLM, "from_vllm_config", start)
+    engine: Any = build_engine(parse_app_args(raw_args))
+    socket_file = Path(engine.address.removeprefix("ipc://"))
+    assert socket_file.exists() and socket_file.parent != Path("/elsewhere")
+    assert os.environ["VLLM_RPC_BASE_PATH"] == "/elsewhere"  # the replica's own environment given back
+    engine.shutdown()
+    assert shut_down == [True]  # vLLM's own shutdown, then
+    assert not socket_file.parent.exists()

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 from vllm import envs
+from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
 from deployments.llm import LLM
 from serve_app import token_channel
 from serve_app.config import AppArgs
+from serve_app.errors import EngineDeadError, ServiceUnavailableError
 from serve_app.stages.llm import LLMStage
 from serve_app.token_channel import Inbox
 from tests.unit.conftest import deployment_class
@@ -95,3 +97,31 @@ async def test_a_generate_to_cancelled_between_chunks_aborts_the_request_in_the_
     with pytest.raises(asyncio.CancelledError):
         await call
     assert engine.exit == "closed"
+
+
+@pytest.mark.usefixtures("uncached_envs")
+async def test_an_error_after_chunks_says_how_many_were_sent(replica_of: Any) -> None:
+    engine = FakeEngine([output((0, "a", [1]))], error=VLLMEngineDeadError())
+    to, arrivals = await Inbox("127.0.0.1").open()
+    with pytest.raises(EngineDeadError) as raised:
+        await replica_of(engine).generate_to(request(), to)
+    assert raised.value.chunks_sent == 1
+    assert (await asyncio.wait_for(arrivals.get(), 5)).deltas[0].text == "a"
+
+
+@pytest.mark.usefixtures("uncached_envs")
+async def test_an_error_of_a_broken_connection_says_no_chunks_are_on_their_way(
+    replica_of: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent_one = token_channel._Connection.send
+
+    def send_then_break(self: Any, key: int, chunk: Any) -> None:
+        sent_one(self, key, chunk)
+        self.writer.close()  # as when the inbox ends the connection
+
+    monkeypatch.setattr(token_channel._Connection, "send", send_then_break)
+    engine = FakeEngine([output((0, "a", [1])), output((0, "b", [2]))])
+    to, _ = await Inbox("127.0.0.1").open()
+    with pytest.raises(ServiceUnavailableError, match="lost its connection") as raised:
+        await replica_of(engine).generate_to(request(), to)
+    assert raised.value.chunks_sent == 0
