@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from logging.handlers import MemoryHandler, RotatingFileHandler
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,11 +21,16 @@ OMP_BINDING = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES")  # the thre
 
 
 @pytest.fixture(autouse=True)
-def engine_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+def engine_requests(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The variables `build_engine` writes for the engine core's plugins, set so that monkeypatch restores
-    them after each test."""
+    them after each test; the directory for the engine's socket files made in one of the test's own
+    (short: a socket's path has at most 107 characters), removed after it."""
     for name in (top_p.ENV, engine_session.ENV):
         monkeypatch.setenv(name, "")
+    own = tempfile.mkdtemp()
+    monkeypatch.setattr(tempfile, "tempdir", own)
+    yield
+    shutil.rmtree(own)
 
 
 @pytest.mark.parametrize("backend", ["uni", "mp"])
