@@ -91,14 +91,15 @@ def _answered(arrivals: asyncio.Queue[Any], answer: asyncio.Future[Any]) -> None
     arrivals.put_nowait(_ANSWERED)
 
 
-async def _late_chunk(arrivals: asyncio.Queue[Any], number: int, sent: int) -> Any:
-    """Chunk `number` of the `sent` a call answered it sent, waited for at most `LATE_CHUNKS_S`."""
+async def _late_chunk(arrivals: asyncio.Queue[Any], number: int, sent: int, error: BaseException | None) -> Any:
+    """Chunk `number` of the `sent` a call answered it sent, waited for at most `LATE_CHUNKS_S`; if it does not
+    come, the call's `error` (an error the client should see, not the lost chunks), else a 503."""
     if not arrivals.empty():
         return arrivals.get_nowait()
     try:
         return await asyncio.wait_for(arrivals.get(), LATE_CHUNKS_S)
     except TimeoutError as exc:
-        raise StageUnavailableError(
+        raise error or StageUnavailableError(
             f"The llm stage sent {sent} chunks and {number - 1} arrived over the token channel; retry.",
             code="stage_unavailable",
         ) from exc
@@ -248,7 +249,7 @@ class HandleLLM:
                     sent: int = answer.result() if error is None else _chunks_sent_before(error)
                     while received < sent:
                         received += 1
-                        yield await _late_chunk(arrivals, received, sent)
+                        yield await _late_chunk(arrivals, received, sent, error)
                     if error is not None:
                         raise error
                 except (GeneratorExit, asyncio.CancelledError):

@@ -49,7 +49,9 @@ class LLM(LLMStage):
                     await connection.wait_for_reader()
         except OpenAIError as exc:
             # The engine died after some chunks, say: the stream is to show them before the error, which
-            # may reach the ingress before they do. On a broken connection none are on their way.
+            # may reach the ingress before they do. On a broken connection none are on their way. (Any other
+            # error is a 500, whose stream ends at once.)
+            connection.flush()
             if not connection.broken:
                 exc.chunks_sent = sent
             raise

@@ -123,6 +123,14 @@ class OverloadedError(ServiceUnavailableError):
         self.reason = reason  # raised in a replica (engine queue), counted in the ingress
 
 
+def _rebuild_overloaded(
+    cls: type[OverloadedError], message: str, param: str | None, code: str | None, stage: str, reason: str
+) -> OverloadedError:
+    """How replicas before stop 50 pickled an OverloadedError: kept so that during a rolling update an
+    ingress of this version still reads one from an llm replica of the last."""
+    return cls(message, param=param, code=code, stage=stage, reason=reason)
+
+
 class DeadlineExceededError(OpenAIError):
     """The request's deadline (`X-Request-Timeout` or `limits.request_timeout_s`) passed; every stage
     refuses work on it, and the ingress stops waiting."""

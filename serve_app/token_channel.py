@@ -125,16 +125,17 @@ class _Connection:
             raise ServiceUnavailableError(f"The llm stage lost its connection to the ingress's token inbox at "
                                           f"{self._address}; retry.")  # fmt: skip
         if not self._pending:
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_soon(self.flush)
         self._pending.append((key, chunk))
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Writes what was sent this turn now (the connection's buffer takes it, or it is broken)."""
         if self._pending and not self.broken:
             batch, self._pending = self._pending, []
             self.writer.write(_frame(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)))
 
     def close(self) -> None:
-        self._flush()  # what was sent this turn still goes
+        self.flush()  # what was sent this turn still goes
         self.writer.close()
         self._watch.cancel()
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import aclosing, contextmanager, nullcontext
 from typing import Any, Protocol
@@ -132,14 +133,16 @@ def _ipc_files_removed_at_shutdown(start: Callable[[], Engine]) -> Engine:
         raise
     finally:
         if previous is None:
-            del os.environ["VLLM_RPC_BASE_PATH"]
+            os.environ.pop("VLLM_RPC_BASE_PATH", None)
         else:
             os.environ["VLLM_RPC_BASE_PATH"] = previous
-    shutdown = engine.shutdown
+    # Weakly: the engine holds this function, which must not keep the engine alive.
+    shutdown = weakref.WeakMethod(engine.shutdown)
 
-    def shutdown_and_remove_files() -> None:
+    def shutdown_and_remove_files(*args: Any, **kwargs: Any) -> None:
         try:
-            shutdown()
+            if (method := shutdown()) is not None:
+                method(*args, **kwargs)
         finally:
             shutil.rmtree(path, ignore_errors=True)
 

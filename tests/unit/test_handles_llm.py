@@ -135,6 +135,25 @@ async def test_an_error_the_stage_raised_after_chunks_comes_after_all_of_them(in
         await anext(chunks)
 
 
+async def test_an_error_after_chunks_that_never_come_is_still_that_error(
+    inbox: Inbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(handles, "LATE_CHUNKS_S", 0.05)
+    lost: list[tuple[str, str]] = []
+    error = EngineDeadError("The engine died: x")
+    error.chunks_sent = 2  # one of them lost on the way
+    stream = ChannelReplica(error=error)
+    llm = HandleLLM(RecordingHandle(stream), inbox, lambda stage, detail: lost.append((stage, detail)))  # type: ignore[arg-type]
+    for chunk in ("first", None):
+        stream.chunks.put_nowait(chunk)
+    chunks = llm.generate(REQUEST)
+    assert cast(object, await anext(chunks)) == "first"
+    with pytest.raises(EngineDeadError):
+        await anext(chunks)
+    assert [stage for stage, _ in lost] == ["llm"]  # `/health` turns red at once, as for any dead engine
+    assert llm.in_flight == 0
+
+
 async def test_chunks_lost_on_the_channel_are_a_503_not_a_short_answer(
     inbox: Inbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,12 +10,23 @@ import tempfile
 from collections.abc import Iterator
 from logging.handlers import MemoryHandler, RotatingFileHandler
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from serve_app.stages import engine_session, top_p
+
+
+class Made:
+    """What the stand-in for `AsyncLLM.from_vllm_config` makes: an engine that records its shutdown."""
+
+    def __init__(self, address: str = "") -> None:
+        self.address = address
+        self.shut_down: list[float | None] = []
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.shut_down.append(timeout)
+
 
 OMP_BINDING = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES")  # the thread count, and GNU or standard binding
 
@@ -48,9 +59,9 @@ def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
         monkeypatch.delenv(name, raising=False)
     started: dict[str, Any] = {}
 
-    made = SimpleNamespace(shutdown=lambda: None)
+    made = Made()
 
-    def start(vllm_config: Any, **_: Any) -> SimpleNamespace:
+    def start(vllm_config: Any, **_: Any) -> Made:
         started["executor"] = vllm_config.parallel_config.distributed_executor_backend
         started["env"] = {name: os.environ[name] for name in OMP_BINDING if name in os.environ}
         started["top_p"] = os.environ[top_p.ENV]
@@ -85,7 +96,7 @@ def test_the_replicas_log_records_still_reach_its_file_once_the_engine_is_made(
 
     # vLLM configures its logging once per process: again here, as in a replica that has not made an engine.
     monkeypatch.setattr(vllm.logger, "_last_configured_logging_config", None)
-    monkeypatch.setattr(AsyncLLM, "from_vllm_config", lambda *_, **__: SimpleNamespace(shutdown=lambda: None))
+    monkeypatch.setattr(AsyncLLM, "from_vllm_config", lambda *_, **__: Made())
     path = tmp_path / "replica.log"
     target = RotatingFileHandler(path, maxBytes=1 << 20)
     serve_logger = logging.getLogger("ray.serve")
@@ -113,19 +124,18 @@ def test_the_engines_socket_files_go_in_a_directory_of_its_own_removed_at_its_sh
 
     envs.disable_envs_cache()  # read as in a replica whose engine has not started
     monkeypatch.setenv("VLLM_RPC_BASE_PATH", "/elsewhere")
-    shut_down: list[bool] = []
 
-    def start(*_: Any, **__: Any) -> SimpleNamespace:
+    def start(*_: Any, **__: Any) -> Made:
         address = get_open_zmq_ipc_path()  # as vLLM names each socket while the engine starts
         with zmq.Context() as context, context.socket(zmq.PULL) as pull:
             pull.bind(address)
-        return SimpleNamespace(address=address, shutdown=lambda: shut_down.append(True))
+        return Made(address)
 
     monkeypatch.setattr(AsyncLLM, "from_vllm_config", start)
     engine: Any = build_engine(parse_app_args(raw_args))
     socket_file = Path(engine.address.removeprefix("ipc://"))
     assert socket_file.exists() and socket_file.parent != Path("/elsewhere")
     assert os.environ["VLLM_RPC_BASE_PATH"] == "/elsewhere"  # the replica's own environment given back
-    engine.shutdown()
-    assert shut_down == [True]  # vLLM's own shutdown, then
+    engine.shutdown(timeout=5.0)
+    assert engine.shut_down == [5.0]  # vLLM's own shutdown, as asked, then
     assert not socket_file.parent.exists()
