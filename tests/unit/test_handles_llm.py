@@ -97,17 +97,26 @@ async def test_a_late_chunk_already_in_is_passed_on_however_slowly_the_stream_is
     assert cast(object, await anext(chunks)) == "last"
 
 
+def dead_engine(chunks_sent: int = 0) -> EngineDeadError:
+    error = EngineDeadError("The engine died: x")
+    error.chunks_sent = chunks_sent  # as the llm replica's `generate_to` sets it
+    return error
+
+
 @pytest.mark.parametrize(
     ("error", "expected", "reported"),
     [
         (BackPressureError(num_queued_requests=1, max_queued_requests=1), OverloadedError, False),
         (ActorDiedError(), StageUnavailableError, True),
-        (EngineDeadError("The engine died: x"), EngineDeadError, True),
+        (dead_engine(), EngineDeadError, True),
+        # It says it sent two, and one never comes: still the error (and `/health` told), not the lost chunk's 503.
+        (dead_engine(chunks_sent=2), EngineDeadError, True),
     ],
 )
 async def test_an_error_in_the_calls_answer_ends_the_stream_after_its_chunks(
-    inbox: Inbox, error: BaseException, expected: type[Exception], reported: bool
+    inbox: Inbox, monkeypatch: pytest.MonkeyPatch, error: BaseException, expected: type[Exception], reported: bool
 ) -> None:
+    monkeypatch.setattr(handles, "LATE_CHUNKS_S", 0.05)
     lost: list[tuple[str, str]] = []
     stream = ChannelReplica(error=error)
     llm = HandleLLM(RecordingHandle(stream), inbox, lambda stage, detail: lost.append((stage, detail)))  # type: ignore[arg-type]
@@ -123,9 +132,7 @@ async def test_an_error_in_the_calls_answer_ends_the_stream_after_its_chunks(
 
 async def test_an_error_the_stage_raised_after_chunks_comes_after_all_of_them(inbox: Inbox) -> None:
     """The engine died after two chunks, the second still on its way when the error answered the call."""
-    error = EngineDeadError("The engine died: x")
-    error.chunks_sent = 2  # as the llm replica's `generate_to` sets it
-    stream = ChannelReplica(last_after_answer=True, error=error)
+    stream = ChannelReplica(last_after_answer=True, error=dead_engine(chunks_sent=2))
     llm = HandleLLM(RecordingHandle(stream), inbox)  # type: ignore[arg-type]
     for chunk in ("first", "second", None):
         stream.chunks.put_nowait(chunk)
@@ -133,25 +140,6 @@ async def test_an_error_the_stage_raised_after_chunks_comes_after_all_of_them(in
     assert [cast(object, await anext(chunks)) for _ in range(2)] == ["first", "second"]
     with pytest.raises(EngineDeadError):
         await anext(chunks)
-
-
-async def test_an_error_after_chunks_that_never_come_is_still_that_error(
-    inbox: Inbox, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(handles, "LATE_CHUNKS_S", 0.05)
-    lost: list[tuple[str, str]] = []
-    error = EngineDeadError("The engine died: x")
-    error.chunks_sent = 2  # one of them lost on the way
-    stream = ChannelReplica(error=error)
-    llm = HandleLLM(RecordingHandle(stream), inbox, lambda stage, detail: lost.append((stage, detail)))  # type: ignore[arg-type]
-    for chunk in ("first", None):
-        stream.chunks.put_nowait(chunk)
-    chunks = llm.generate(REQUEST)
-    assert cast(object, await anext(chunks)) == "first"
-    with pytest.raises(EngineDeadError):
-        await anext(chunks)
-    assert [stage for stage, _ in lost] == ["llm"]  # `/health` turns red at once, as for any dead engine
-    assert llm.in_flight == 0
 
 
 async def test_chunks_lost_on_the_channel_are_a_503_not_a_short_answer(
