@@ -35,6 +35,7 @@ from serve_app.errors import (
     OverloadedError,
     PayloadTooLargeError,
     StageUnavailableError,
+    chunks_sent_before,
     find_openai_error,
 )
 from serve_app.ingress.pipeline.clients import LLMClient, MultimodalClient, TokenizerClient, VocoderClient
@@ -103,11 +104,6 @@ async def _late_chunk(arrivals: asyncio.Queue[Any], number: int, sent: int, erro
             f"The llm stage sent {sent} chunks and {number - 1} arrived over the token channel; retry.",
             code="stage_unavailable",
         ) from exc
-
-
-def _chunks_sent_before(error: BaseException) -> int:
-    found = find_openai_error(error)
-    return found.chunks_sent if found is not None else 0
 
 
 @contextmanager
@@ -244,9 +240,9 @@ class HandleLLM:
                         received += 1
                         yield chunk
                     # The last chunks may still be on their way: they left before the answer, by another path.
-                    # An error the stage raised after chunks says how many it sent; any other ends the stream.
+                    # An error the stage raised after chunks says how many it sent; Serve's (a lost replica), none.
                     error = answer.exception()
-                    sent: int = answer.result() if error is None else _chunks_sent_before(error)
+                    sent: int = answer.result() if error is None else chunks_sent_before(error)
                     while received < sent:
                         received += 1
                         yield await _late_chunk(arrivals, received, sent, error)

@@ -14,7 +14,7 @@ from typing import cast
 from ray import serve
 
 from serve_app.config import AppArgs
-from serve_app.errors import OpenAIError
+from serve_app.errors import mark_chunks_sent
 from serve_app.messages import GenerateRequest, GenerationChunk, ReplyTo
 from serve_app.stages.llm import LLMStage
 from serve_app.token_channel import Outbox
@@ -47,13 +47,12 @@ class LLM(LLMStage):
                     connection.send(reply_to.key, chunk)
                     sent += 1
                     await connection.wait_for_reader()
-        except OpenAIError as exc:
-            # The engine died after some chunks, say: the stream is to show them before the error, which
-            # may reach the ingress before they do. On a broken connection none are on their way. (Any other
-            # error is a 500, whose stream ends at once.)
+        except Exception as exc:
+            # The engine died after some chunks, say, or a bug ended the call: the stream is to show them before
+            # the error, which may reach the ingress before they do. On a broken connection none are on their way.
             connection.flush()
             if not connection.broken:
-                exc.chunks_sent = sent
+                mark_chunks_sent(exc, sent)
             raise
         return sent
 

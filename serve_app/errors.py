@@ -8,6 +8,7 @@ stage that finds the problem; Ray re-raises them in the caller as instances of t
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -34,9 +35,7 @@ class OpenAIError(Exception):
         self.message = message
         self.param = param
         self.code = code
-        # Raised by an llm replica after it sent this many chunks of the stream over the token channel: the
-        # stream reads them before the error (`deployments/handles.py`). Set on the instance, as the others:
-        # Ray's wrapper of an error raised in a replica reads from the error only what it lacks itself.
+        # Raised by an llm replica after it sent this many chunks of the stream (`mark_chunks_sent`).
         self.chunks_sent = 0
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -91,17 +90,33 @@ class StageUnavailableError(ServiceUnavailableError):
     """A stage's replica died or became unreachable during a call; Serve replaces it, so a retry can succeed."""
 
 
-def find_openai_error(exc: BaseException) -> OpenAIError | None:
-    """The OpenAIError behind `exc`, looking through Ray's wrappers and exception chains."""
+def _behind(exc: BaseException) -> Iterator[BaseException]:
+    """`exc`, then what it wraps: Ray's wrappers' `cause`, else the exception chain."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, OpenAIError):
-            return current
+        yield current
         seen.add(id(current))
         cause = getattr(current, "cause", None)
         current = cause if isinstance(cause, BaseException) else current.__cause__
-    return None
+
+
+def find_openai_error(exc: BaseException) -> OpenAIError | None:
+    """The OpenAIError behind `exc`, looking through Ray's wrappers and exception chains."""
+    return next((error for error in _behind(exc) if isinstance(error, OpenAIError)), None)
+
+
+def mark_chunks_sent(exc: BaseException, sent: int) -> None:
+    """Says on `exc`, which an llm replica raises after sending `sent` chunks of a stream over the token
+    channel, that they are on their way: the stream reads them before the error (`deployments/handles.py`).
+    Any exception keeps it: an attribute of the instance, which pickling keeps as its state."""
+    vars(exc)["chunks_sent"] = sent
+
+
+def chunks_sent_before(exc: BaseException) -> int:
+    """What `mark_chunks_sent` said on the error behind `exc`, 0 if nothing. Read from the instances' own
+    attributes: Ray's wrapper of an error raised in a replica answers any attribute it lacks from the error."""
+    return next((vars(error)["chunks_sent"] for error in _behind(exc) if vars(error).get("chunks_sent")), 0)
 
 
 class OverloadedError(ServiceUnavailableError):

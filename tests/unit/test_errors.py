@@ -21,9 +21,12 @@ from serve_app.errors import (
     PayloadTooLargeError,
     RateLimitError,
     ServiceUnavailableError,
+    StageUnavailableError,
+    chunks_sent_before,
     error_response,
     error_type_of,
     find_openai_error,
+    mark_chunks_sent,
 )
 
 ALL = [OpenAIError, BadRequestError, NotFoundError, ServiceUnavailableError, EngineDeadError, OverloadedError]
@@ -135,13 +138,25 @@ def test_an_overloaded_error_pickled_by_the_last_version_is_read() -> None:
     assert (copy.message, copy.code, copy.stage, copy.reason) == ("full", "overloaded", "llm", "engine_queue_full")
 
 
+def raised_in_a_replica(error: BaseException) -> BaseException:
+    """`error` as a replica's caller gets it: pickled, inside Ray's wrapper."""
+    return RayTaskError("generate_to", "Traceback ...", pickle.loads(pickle.dumps(error))).as_instanceof_cause()  # type: ignore[no-untyped-call, no-any-return]
+
+
 def test_the_attributes_of_an_error_raised_in_a_replica_are_read_through_rays_wrapper() -> None:
     error = EngineDeadError("The engine died: x")
-    error.chunks_sent = 3
-    raised = RayTaskError("generate_to", "Traceback ...", pickle.loads(pickle.dumps(error))).as_instanceof_cause()  # type: ignore[no-untyped-call]
-    found = find_openai_error(raised)
+    mark_chunks_sent(error, 3)
+    found = find_openai_error(raised_in_a_replica(error))
     assert isinstance(found, EngineDeadError)
     assert (found.chunks_sent, found.message) == (3, "The engine died: x")
+
+
+@pytest.mark.parametrize("error", [EngineDeadError("The engine died: x"), RuntimeError("a bug")])
+def test_the_chunks_sent_before_any_error_raised_in_a_replica_are_read(error: Exception) -> None:
+    assert chunks_sent_before(raised_in_a_replica(error)) == 0
+    mark_chunks_sent(error, 3)
+    assert chunks_sent_before(raised_in_a_replica(error)) == 3
+    assert chunks_sent_before(StageUnavailableError("x")) == 0
 
 
 def test_find_returns_the_error_itself() -> None:

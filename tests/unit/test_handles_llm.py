@@ -16,7 +16,13 @@ from ray.serve.exceptions import BackPressureError
 
 from deployments import handles
 from deployments.handles import HandleLLM
-from serve_app.errors import EngineDeadError, OverloadedError, PayloadTooLargeError, StageUnavailableError
+from serve_app.errors import (
+    EngineDeadError,
+    OverloadedError,
+    PayloadTooLargeError,
+    StageUnavailableError,
+    mark_chunks_sent,
+)
 from serve_app.ingress.pipeline.clients import LLMClient
 from serve_app.messages import GenerateRequest, SamplingSpec
 from serve_app.token_channel import Inbox
@@ -130,15 +136,23 @@ async def test_an_error_in_the_calls_answer_ends_the_stream_after_its_chunks(
     assert llm.in_flight == 0
 
 
-async def test_an_error_the_stage_raised_after_chunks_comes_after_all_of_them(inbox: Inbox) -> None:
-    """The engine died after two chunks, the second still on its way when the error answered the call."""
-    stream = ChannelReplica(last_after_answer=True, error=dead_engine(chunks_sent=2))
+def a_bug(chunks_sent: int) -> RuntimeError:
+    error = RuntimeError("a bug")
+    mark_chunks_sent(error, chunks_sent)
+    return error
+
+
+@pytest.mark.parametrize("error", [dead_engine(chunks_sent=2), a_bug(chunks_sent=2)])
+async def test_an_error_the_stage_raised_after_chunks_comes_after_all_of_them(inbox: Inbox, error: Exception) -> None:
+    """The engine died (or a bug ended the call) after two chunks, the second still on its way when the error
+    answered the call."""
+    stream = ChannelReplica(last_after_answer=True, error=error)
     llm = HandleLLM(RecordingHandle(stream), inbox)  # type: ignore[arg-type]
     for chunk in ("first", "second", None):
         stream.chunks.put_nowait(chunk)
     chunks = llm.generate(REQUEST)
     assert [cast(object, await anext(chunks)) for _ in range(2)] == ["first", "second"]
-    with pytest.raises(EngineDeadError):
+    with pytest.raises(type(error)):
         await anext(chunks)
 
 

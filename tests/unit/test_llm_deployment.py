@@ -13,7 +13,7 @@ from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 from deployments.llm import LLM
 from serve_app import token_channel
 from serve_app.config import AppArgs
-from serve_app.errors import EngineDeadError, ServiceUnavailableError
+from serve_app.errors import EngineDeadError, ServiceUnavailableError, chunks_sent_before
 from serve_app.stages.llm import LLMStage
 from serve_app.token_channel import Inbox
 from tests.unit.conftest import deployment_class
@@ -100,12 +100,17 @@ async def test_a_generate_to_cancelled_between_chunks_aborts_the_request_in_the_
 
 
 @pytest.mark.usefixtures("uncached_envs")
-async def test_an_error_after_chunks_says_how_many_were_sent(replica_of: Any) -> None:
-    engine = FakeEngine([output((0, "a", [1]))], error=VLLMEngineDeadError())
+@pytest.mark.parametrize(
+    ("error", "raised_as"), [(VLLMEngineDeadError(), EngineDeadError), (TypeError("a bug"), TypeError)]
+)
+async def test_an_error_after_chunks_says_how_many_were_sent(
+    replica_of: Any, error: Exception, raised_as: type[Exception]
+) -> None:
+    engine = FakeEngine([output((0, "a", [1]))], error=error)
     to, arrivals = await Inbox("127.0.0.1").open()
-    with pytest.raises(EngineDeadError) as raised:
+    with pytest.raises(raised_as) as raised:
         await replica_of(engine).generate_to(request(), to)
-    assert raised.value.chunks_sent == 1
+    assert chunks_sent_before(raised.value) == 1
     assert (await asyncio.wait_for(arrivals.get(), 5)).deltas[0].text == "a"
 
 
