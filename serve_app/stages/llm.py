@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import shutil
-import tempfile
 import time
-import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing, contextmanager, nullcontext
 from typing import Any, Protocol
 
@@ -31,6 +27,7 @@ from serve_app.errors import (
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
 from serve_app.stages import engine_session, top_p
+from serve_app.stages.engine_ipc import socket_files_removed_at_shutdown
 from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, omp_threads, resolve_dtype
 from serve_app.stages.engine_watchdog import EngineWatchdog
 from serve_app.stages.stream_pacing import paced
@@ -110,44 +107,9 @@ def build_engine(args: AppArgs) -> Engine:
                 args.model.name, dtype, args.engine.dtype, *shown)  # fmt: skip
     _ENGINE_INFO.info(placement)
     with _worker_in_engine_core(vllm_config) if uni else nullcontext():
-        return _ipc_files_removed_at_shutdown(
+        return socket_files_removed_at_shutdown(
             lambda: AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=not args.engine.log_stats)
         )
-
-
-def _ipc_files_removed_at_shutdown(start: Callable[[], Engine]) -> Engine:
-    """vLLM's ZMQ sockets between this process and its engine core are Unix socket files named in
-    `VLLM_RPC_BASE_PATH` (by default /tmp). vLLM binds them itself, so ZMQ does not unlink them, and vLLM
-    does only when its listeners are garbage-collected: never in a replica that Serve stops, nor in a
-    `vllm serve` stopped with Ctrl-C (2,056 such files had gathered in this machine's /tmp). Here the
-    engine started by `start` puts them in a directory of its own, removed when it shuts down (a replica
-    that is killed leaves that one directory). Not sooner: the engine core may connect after `AsyncLLM`
-    is made, and one that found no file hung (measured: its first request waited for the watchdog)."""
-    path = tempfile.mkdtemp(prefix="vllm-ipc-")
-    previous = os.environ.get("VLLM_RPC_BASE_PATH")
-    os.environ["VLLM_RPC_BASE_PATH"] = path
-    try:
-        engine = start()
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_RPC_BASE_PATH", None)
-        else:
-            os.environ["VLLM_RPC_BASE_PATH"] = previous
-    # Weakly: the engine holds this function, which must not keep the engine alive.
-    shutdown = weakref.WeakMethod(engine.shutdown)
-
-    def shutdown_and_remove_files(*args: Any, **kwargs: Any) -> None:
-        try:
-            if (method := shutdown()) is not None:
-                method(*args, **kwargs)
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-
-    engine.shutdown = shutdown_and_remove_files  # type: ignore[method-assign]
-    return engine
 
 
 @contextmanager
