@@ -100,7 +100,9 @@ async def _late_chunk(arrivals: asyncio.Queue[Any], number: int, sent: int, erro
     try:
         return await asyncio.wait_for(arrivals.get(), LATE_CHUNKS_S)
     except TimeoutError as exc:
-        raise error or StageUnavailableError(
+        if error is not None:
+            raise error from error.__cause__  # as it came: an error it wraps may be what the client sees
+        raise StageUnavailableError(
             f"The llm stage sent {sent} chunks and {number - 1} arrived over the token channel; retry.",
             code="stage_unavailable",
         ) from exc

@@ -109,14 +109,16 @@ def find_openai_error(exc: BaseException) -> OpenAIError | None:
 def mark_chunks_sent(exc: BaseException, sent: int) -> None:
     """Says on `exc`, which an llm replica raises after sending `sent` chunks of a stream over the token
     channel, that they are on their way: the stream reads them before the error (`deployments/handles.py`).
-    Any exception keeps it: an attribute of the instance, which pickling keeps as its state."""
+    An attribute of the instance, which pickling keeps as its state; lost only with an exception class that
+    pickles without its attributes (a `__reduce__` of its own), whose stream then ends at its error."""
     vars(exc)["chunks_sent"] = sent
 
 
 def chunks_sent_before(exc: BaseException) -> int:
-    """What `mark_chunks_sent` said on the error behind `exc`, 0 if nothing. Read from the instances' own
-    attributes: Ray's wrapper of an error raised in a replica answers any attribute it lacks from the error."""
-    return next((vars(error)["chunks_sent"] for error in _behind(exc) if vars(error).get("chunks_sent")), 0)
+    """What `mark_chunks_sent` said on the first error behind `exc` that says it, 0 if none. Read from the
+    instances' own attributes: Ray's wrapper of an error raised in a replica answers any attribute it lacks
+    from the error."""
+    return next((vars(error)["chunks_sent"] for error in _behind(exc) if "chunks_sent" in vars(error)), 0)
 
 
 class OverloadedError(ServiceUnavailableError):

@@ -10,9 +10,10 @@ watchdog).
 
 An engine that never shuts down (its replica killed, its node lost) cannot remove its directory; the next
 engine started on the machine does. Each directory holds a lock file, locked (`flock`) by the process
-that made it for as long as it runs. The kernel releases the lock when that process is gone, whatever
-killed it, so a directory whose lock can be taken is no one's. A directory without the lock file is one
-being made, or one made before this module: left.
+that made it for as long as it runs (and by a process forked from it, while that runs). The kernel
+releases the lock when they are gone, whatever killed them, so a directory whose lock can be taken is no
+one's. Only the user's own directories are looked at, and a directory without the lock file (one being
+made, or one made before this module) is left.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import weakref
 from collections.abc import Callable
@@ -41,14 +43,13 @@ def socket_files_removed_at_shutdown(start: Callable[[], E]) -> E:
     """The engine `start` makes, its socket files in a directory of its own, which its `shutdown` removes;
     first, the directories of engines gone without a shutdown."""
     remove_orphans(Path(tempfile.gettempdir()))
-    path = tempfile.mkdtemp(prefix=PREFIX)
-    lock = _locked(Path(path))
+    directory = _made()
     previous = os.environ.get("VLLM_RPC_BASE_PATH")
-    os.environ["VLLM_RPC_BASE_PATH"] = path
+    os.environ["VLLM_RPC_BASE_PATH"] = str(directory.path)
     try:
         engine = start()
     except BaseException:
-        _remove(path, lock)
+        directory.remove()
         raise
     finally:
         if previous is None:
@@ -63,41 +64,74 @@ def socket_files_removed_at_shutdown(start: Callable[[], E]) -> E:
             if (method := shutdown()) is not None:
                 method(*args, **kwargs)
         finally:
-            _remove(path, lock)
+            directory.remove()
 
     engine.shutdown = shutdown_and_remove_files  # type: ignore[method-assign]
     return engine
 
 
 def remove_orphans(parent: Path) -> list[Path]:
-    """Removes the socket directories in `parent` whose lock no process holds; which it removed."""
+    """Removes this user's socket directories in `parent` whose lock no process holds; which it removed."""
     removed = []
-    for directory in parent.glob(f"{PREFIX}*"):
-        try:
-            fd = os.open(directory / LOCK, os.O_RDONLY)
-        except OSError:  # no lock file (being made, or older), or not ours to open
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: its engine runs
-            os.close(fd)
-            continue
-        _remove(str(directory), fd)
-        removed.append(directory)
+    for path in parent.glob(f"{PREFIX}*"):
+        if (orphan := _orphan(path)) is not None:
+            orphan.remove()
+            removed.append(path)
     return removed
 
 
-def _locked(directory: Path) -> int:
-    """The directory's lock file, open and locked. Locked under another name first, then renamed: a
-    sweep never sees the lock file unlocked."""
-    fd, name = tempfile.mkstemp(dir=directory)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.rename(name, directory / LOCK)
-    return fd
+class _Directory:
+    """A socket directory, its lock file held open (and locked); removed once, however often asked (a
+    replica's `__del__` shuts its engine down, and so does the engine's own)."""
+
+    def __init__(self, path: Path, lock: int) -> None:
+        self.path = path
+        self._lock: int | None = lock
+
+    def remove(self) -> None:
+        if self._lock is None:
+            return
+        lock, self._lock = self._lock, None
+        try:
+            shutil.rmtree(self.path, ignore_errors=True)
+        finally:
+            os.close(lock)
 
 
-def _remove(path: str, lock: int) -> None:
+def _made() -> _Directory:
+    """A new socket directory, its lock file locked under another name first, then renamed: a sweep never
+    sees the lock file unlocked."""
+    path = Path(tempfile.mkdtemp(prefix=PREFIX))
     try:
+        fd, name = tempfile.mkstemp(dir=path)
+    except BaseException:
         shutil.rmtree(path, ignore_errors=True)
-    finally:
-        os.close(lock)
+        raise
+    directory = _Directory(path, fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(name, path / LOCK)
+    except BaseException:
+        directory.remove()
+        raise
+    return directory
+
+
+def _orphan(path: Path) -> _Directory | None:
+    """`path`, its lock taken, if it is a directory of this user's whose lock no process holds. Nothing else
+    is followed or waited on: a symbolic link, another user's directory, a FIFO in the lock file's place."""
+    try:
+        status = path.lstat()
+        if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid():
+            return None
+        fd = os.open(path / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # no lock file: being made, or made before this module
+        return None
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return _Directory(path, fd)
+        except OSError:  # held: its engine runs
+            pass
+    os.close(fd)
+    return None

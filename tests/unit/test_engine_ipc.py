@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from serve_app.stages.engine_ipc import PREFIX, remove_orphans, socket_files_removed_at_shutdown
+from serve_app.stages.engine_ipc import LOCK, PREFIX, remove_orphans, socket_files_removed_at_shutdown
 
 ROOT = Path(__file__).parents[2]
 
@@ -56,6 +57,8 @@ def owner(temp: Path) -> Iterator[subprocess.Popen[str]]:
     yield process
     process.kill()
     process.wait()
+    assert process.stdout is not None
+    process.stdout.close()
 
 
 def test_an_engines_directory_is_its_own_and_goes_at_its_shutdown(temp: Path) -> None:
@@ -64,6 +67,31 @@ def test_an_engines_directory_is_its_own_and_goes_at_its_shutdown(temp: Path) ->
     assert remove_orphans(temp) == []  # its engine runs
     engine.shutdown()
     assert engine.shut_down and list(temp.iterdir()) == []
+
+
+def test_a_second_shutdown_closes_nothing_more(temp: Path) -> None:
+    engine = socket_files_removed_at_shutdown(Engine)
+    engine.shutdown()  # the replica's, in its `__del__`
+    other = os.open(temp / "other", os.O_CREAT | os.O_RDONLY)  # likely the lock's file descriptor number again
+    try:
+        engine.shutdown()  # vLLM's own, in the engine's `__del__`
+        os.fstat(other)  # still open
+    finally:
+        os.close(other)
+
+
+def test_a_sweep_follows_no_link_and_waits_on_no_fifo(temp: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / LOCK).touch()  # a lock no process holds, behind a link
+    (temp / f"{PREFIX}link").symlink_to(elsewhere)
+    (fifo := temp / f"{PREFIX}fifo").mkdir()
+    os.mkfifo(fifo / LOCK)  # which anyone could put in a shared /tmp: opening it would wait for a writer
+    swept: list[list[Path]] = []
+    sweep = threading.Thread(target=lambda: swept.append(remove_orphans(temp)), daemon=True)
+    sweep.start()
+    sweep.join(10)
+    assert swept == [[]]
+    assert (elsewhere / LOCK).exists() and (fifo / LOCK).exists()
 
 
 def test_an_engine_that_fails_to_start_leaves_no_directory(temp: Path) -> None:

@@ -159,6 +159,14 @@ def test_the_chunks_sent_before_any_error_raised_in_a_replica_are_read(error: Ex
     assert chunks_sent_before(StageUnavailableError("x")) == 0
 
 
+def test_the_count_is_the_first_errors_that_says_one() -> None:
+    earlier = RuntimeError("raised by an earlier call")
+    mark_chunks_sent(earlier, 3)
+    error = EngineDeadError("x")  # says 0 itself
+    error.__cause__ = earlier
+    assert chunks_sent_before(error) == 0
+
+
 def test_find_returns_the_error_itself() -> None:
     error = BadRequestError("x")
     assert find_openai_error(error) is error

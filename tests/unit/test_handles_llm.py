@@ -156,6 +156,15 @@ async def test_an_error_the_stage_raised_after_chunks_comes_after_all_of_them(in
         await anext(chunks)
 
 
+async def test_an_error_whose_chunks_never_come_is_raised_as_it_came(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(handles, "LATE_CHUNKS_S", 0.01)
+    error = RuntimeError("wraps what the client sees")
+    error.__cause__ = cause = dead_engine()
+    with pytest.raises(RuntimeError) as raised:
+        await handles._late_chunk(asyncio.Queue(), 1, 1, error)
+    assert raised.value is error and error.__cause__ is cause
+
+
 async def test_chunks_lost_on_the_channel_are_a_503_not_a_short_answer(
     inbox: Inbox, monkeypatch: pytest.MonkeyPatch
 ) -> None:
