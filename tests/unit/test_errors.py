@@ -119,7 +119,7 @@ def test_pickle_round_trip_without_param_or_code() -> None:
 
 def test_pickle_round_trip_keeps_the_attributes_set_on_an_error() -> None:
     error = OverloadedError("full", stage="llm", reason="engine_queue_full")
-    error.chunks_sent = 3  # as an llm replica sets it on an error after chunks
+    mark_chunks_sent(error, 3)  # as an llm replica does on an error after chunks
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.stage, copy.reason, copy.chunks_sent) == ("llm", "engine_queue_full", 3)
     assert pickle.loads(pickle.dumps(EngineDeadError("x"))).chunks_sent == 0

@@ -105,7 +105,7 @@ async def test_a_late_chunk_already_in_is_passed_on_however_slowly_the_stream_is
 
 def dead_engine(chunks_sent: int = 0) -> EngineDeadError:
     error = EngineDeadError("The engine died: x")
-    error.chunks_sent = chunks_sent  # as the llm replica's `generate_to` sets it
+    mark_chunks_sent(error, chunks_sent)  # as the llm replica's `generate_to` does
     return error
 
 
