@@ -12,7 +12,8 @@ otherwise run on, attached to a dead cluster), and, after `ray stop`, an HAProxy
 (`stray_haproxies`), and the vLLM shared-memory files
 of engines that did not get to unlink them (with `mp`, a worker past vLLM's own exit grace is
 SIGKILLed: 160 MiB each). Only files that did not exist when `make serve` started Ray (`SHM_BASELINE`) and that no
-live process holds are removed, so /dev/shm is left as `make serve` found it.
+live process holds are removed, so /dev/shm is left as `make serve` found it. Last, the node's directory of
+HAProxy files (`haproxy_node_dirs`), which Serve makes on each start and never removes.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -112,6 +116,28 @@ def stray_haproxies(binary: Path | None = None) -> list[psutil.Process]:
     return found
 
 
+def haproxy_node_dirs(node_id: str) -> set[Path]:
+    """Where Serve's HAProxy manager keeps its files for node `node_id`: its config, admin socket, logs and
+    server state, with the gate's maps and refusal bodies beside them. Serve 2.60 puts each file it is
+    configured with (`RAY_SERVE_HAPROXY_*`) in a directory named after the node, and never removes it:
+    ~100 KB a node for each cluster start (one machine had gathered 34)."""
+    from ray.serve._private import constants as serve
+
+    if not re.fullmatch(r"[0-9a-f]+", node_id):  # anything else could name the shared parent directory
+        raise ValueError(f"not a Ray node id: {node_id!r}")
+    files = (serve.RAY_SERVE_HAPROXY_SOCKET_PATH, serve.RAY_SERVE_HAPROXY_CONFIG_FILE_LOC,
+             serve.RAY_SERVE_HAPROXY_SERVER_STATE_FILE, serve.RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH)  # fmt: skip
+    return {Path(f).parent / node_id for f in files} | {Path(serve.RAY_SERVE_HAPROXY_SERVER_STATE_BASE) / node_id}
+
+
+def remove_haproxy_node_dirs(node_ids: Iterable[str]) -> list[Path]:
+    """Removes the HAProxy directories of nodes `node_ids`, once their HAProxies are gone."""
+    removed = sorted(d for node_id in node_ids for d in haproxy_node_dirs(node_id) if d.is_dir())
+    for path in removed:
+        shutil.rmtree(path)
+    return removed
+
+
 def end_processes(processes: list[psutil.Process], timeout_s: float = 30.0) -> None:
     # SIGTERM: a `serve run` in the background ignores SIGINT. Its applications are already gone. One
     # that exits meanwhile (Ctrl-C came first) is already done.
@@ -124,7 +150,8 @@ def end_processes(processes: list[psutil.Process], timeout_s: float = 30.0) -> N
             proc.kill()
 
 
-def drain_serve() -> None:
+def drain_serve() -> str | None:
+    """Drains Serve on the cluster this node belongs to; returns the node's id (None without a cluster)."""
     import ray
     from ray.serve.exceptions import RayServeException
 
@@ -133,19 +160,22 @@ def drain_serve() -> None:
         ray.init(address="auto", logging_level=logging.WARNING)
     except ConnectionError as exc:
         print(f"no Ray cluster to stop Serve on: {exc}")
-        return
+        return None
+    node_id: str = ray.get_runtime_context().get_node_id()
     try:
         stop_serve()
     except RayServeException as exc:
         print(f"Serve is not running: {exc}")
     finally:
         ray.shutdown()
+    return node_id
 
 
 def main() -> None:
     # Each step runs whatever failed before it: a Ray or Serve error must not leave Ray and the driver running.
+    node_id = None
     try:
-        drain_serve()
+        node_id = drain_serve()
     finally:
         try:
             end_processes(serve_run_drivers(Path.cwd()))
@@ -153,6 +183,10 @@ def main() -> None:
             subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], check=False)
             end_processes(stray_haproxies())
             clean_shm()
+            if node_id is None:
+                print("no Ray node to remove the HAProxy files of: left as they are")
+            else:
+                remove_haproxy_node_dirs([node_id])
 
 
 def clean_shm() -> None:

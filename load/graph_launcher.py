@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import yaml
 
-from deployments.stop import remove_orphaned_engine_files, shm_files, stop_serve
+from deployments.stop import remove_haproxy_node_dirs, remove_orphaned_engine_files, shm_files, stop_serve
 from load.ports import free_port
 from load.serve_config import pin_local_paths, select
 
@@ -92,6 +92,7 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
     use_free_serve_ports(os.environ)
     shm_before = shm_files()
     ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING)
+    node_id = ray.get_runtime_context().get_node_id()
     # After ray.init, which installs its node's own SIGTERM handler: that one tears the cluster down at
     # once (measured: streams cut with error events, the raylet SIGKILLed after its 1 s of grace, and its
     # agents, left blocked reporting that to the dead GCS, orphaned) and skipped the `finally` below.
@@ -111,6 +112,7 @@ def serve_until_terminated(config: dict[str, Any]) -> None:
             # As `make stop` does: an engine worker that missed vLLM's exit grace was SIGKILLed with its
             # shared-memory queue still in /dev/shm (seen on a CI machine: one psm_ file).
             remove_orphaned_engine_files(shm_before)
+            remove_haproxy_node_dirs([node_id])
 
 
 def stop_cluster(shutdown: Callable[[], None], cluster: list[psutil.Process], grace_s: float = 10.0) -> None:

@@ -6,7 +6,7 @@ never run for this user:
    first answer);
 2. the README's Quickstart Python snippet runs against it, unchanged;
 3. `make stop` ends every process `make serve` started (the foreground `serve run` included) and leaves
-   no new file in /dev/shm.
+   no new file in /dev/shm and no new directory of HAProxy files.
 `python tests/smoke_make_serve.py [--timeout 600]`
 """
 
@@ -27,6 +27,12 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 HEALTH = "http://127.0.0.1:8000/health"
+# Where Serve's HAProxy keeps its files by default (`RAY_SERVE_HAPROXY_*`), in a directory for each node.
+HAPROXY_FILES = Path("/tmp/haproxy-serve")
+
+
+def haproxy_dirs() -> set[str]:
+    return {p.name for p in HAPROXY_FILES.iterdir()} if HAPROXY_FILES.is_dir() else set()
 
 
 def readme_snippet() -> str:
@@ -70,6 +76,7 @@ def main() -> None:
     if ray_processes():
         raise SystemExit(f"Ray is already running here (pids {sorted(ray_processes())}): stop it first")
     shm_before = {p.name for p in Path("/dev/shm").iterdir()}
+    haproxy_before = haproxy_dirs()
     env = {**os.environ, "HOME": tempfile.mkdtemp(prefix="smoke-home-")}
     (ROOT / ".cache").mkdir(exist_ok=True)
     log = open(ROOT / ".cache" / "smoke-serve.log", "wb")  # noqa: SIM115 (open while `make serve` runs)
@@ -89,8 +96,12 @@ def main() -> None:
         raise SystemExit("`make serve` was still running after `make stop`") from None
     left = ray_processes()
     leaked = {p.name for p in Path("/dev/shm").iterdir()} - shm_before
-    if left or leaked:
-        raise SystemExit(f"left behind: processes {sorted(left)}, /dev/shm files {sorted(leaked)}")
+    haproxy_left = haproxy_dirs() - haproxy_before
+    if left or leaked or haproxy_left:
+        raise SystemExit(
+            f"left behind: processes {sorted(left)}, /dev/shm files {sorted(leaked)}, "
+            f"HAProxy directories in {HAPROXY_FILES}: {sorted(haproxy_left)}"
+        )
     print("nothing left behind", flush=True)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from deployments.stop import remove_orphaned_engine_files, shm_files
+from deployments.stop import remove_haproxy_node_dirs, remove_orphaned_engine_files, shm_files
 from load.graph_launcher import use_free_serve_ports
 from tests.integration.support import (
     LIMITS_APP,
@@ -87,11 +87,13 @@ def cluster() -> Iterator[Any]:
         ray.init(address=cluster.address, logging_level=logging.WARNING, runtime_env={"env_vars": WORKER_ENV})
         yield cluster
     finally:
+        node_ids = [node.node_id for node in cluster.list_all_nodes()]  # type: ignore[no-untyped-call]
         ray.shutdown()
         cluster.shutdown()  # type: ignore[no-untyped-call]
         # The fault tests SIGKILL engines on purpose, and a killed EngineCore cannot unlink its shared-memory
         # queues: left alone, every run would leave a dozen files in /dev/shm.
         remove_orphaned_engine_files(shm_before)
+        remove_haproxy_node_dirs(node_ids)
 
 
 @pytest.fixture(scope="session")

@@ -114,6 +114,27 @@ def test_finds_and_ends_an_haproxy_of_this_environment_that_outlived_ray(tmp_pat
         assert theirs.poll() is None
 
 
+def test_removes_the_haproxy_directories_of_given_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ray.serve._private import constants
+
+    # The config in a directory of its own, the other files in Serve's default one.
+    for name in ("SOCKET_PATH", "SERVER_STATE_FILE", "METRICS_SOCKET_PATH"):
+        monkeypatch.setattr(constants, f"RAY_SERVE_HAPROXY_{name}", str(tmp_path / "serve" / name.lower()))
+    monkeypatch.setattr(constants, "RAY_SERVE_HAPROXY_SERVER_STATE_BASE", str(tmp_path / "serve"))
+    monkeypatch.setattr(constants, "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC", str(tmp_path / "cfg" / "haproxy.cfg"))
+    for path in ("serve/ab12/admin.sock", "cfg/ab12/haproxy.cfg", "serve/cd34/admin.sock", "cfg/cd34/haproxy.cfg"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_bytes(b"")
+    assert stop.remove_haproxy_node_dirs(["ab12", "ef56"]) == [tmp_path / "cfg" / "ab12", tmp_path / "serve" / "ab12"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/*")) == ["cfg/cd34", "serve/cd34"]
+
+
+@pytest.mark.parametrize("node_id", ["", "..", "ab12/..", "AB 12"])
+def test_refuses_what_is_not_a_node_id(node_id: str) -> None:
+    with pytest.raises(ValueError, match="not a Ray node id"):
+        stop.haproxy_node_dirs(node_id)
+
+
 def test_make_serve_and_make_stop_join_the_cluster_make_serve_starts() -> None:
     """Ray's `auto` joins the newest cluster on the machine, a `make test` session's while one runs beside
     `make serve`: every step that joins a cluster names the one `make serve` starts, by its port."""
