@@ -95,6 +95,7 @@ def health_probe(result: dict[str, Any]) -> list[str]:
         "| target | idle p50 ms | loaded p50 | p95 | p99 | max | req/s | answers | p99 vs graph |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    floors = []
     for name, t in targets.items():
         idle, loaded = t["idle_health_ms"], t["loaded_health_ms"]
         flag = "graph" in handicapped or name in handicapped
@@ -103,6 +104,16 @@ def health_probe(result: dict[str, Any]) -> list[str]:
             f"| {name} | {_ms(idle['p50'])} | {_ms(loaded['p50'])} | {_ms(loaded['p95'])} | {_ms(loaded['p99'])} "
             f"| {_ms(loaded['max'])} | {t['requests_per_s']:.1f} | {_answers(t['responses'])} | {vs} |"
         )
+        if floor := t.get("floor_health_ms"):
+            above = t["above_floor_ms"]
+            floors.append(f"| {name} | {_ms(loaded['p99'])} | {_ms(floor['p50'])} | {_ms(floor['p99'])} "
+                          f"| {_ms(above['p50'])} | {_ms(above['p99'])} | {_ms(above['max'])} |")  # fmt: skip
+    if floors:
+        lines += ["", f"The floor: `{result['floor']}` (answering `/health` and nothing else, nice 15, a session "
+                  "of its own), probed at the same instants by the same process while each target was loaded; a "
+                  "target's probe minus the floor's beside it is its own share.", "",
+                  "| target | its p99 ms | floor p50 | floor p99 | own share p50 | p99 | max |",
+                  "|---|---|---|---|---|---|---|", *floors]  # fmt: skip
     return [*lines, *report.handicap_notes(handicapped), "", *_meta(result)]
 
 

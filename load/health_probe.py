@@ -4,6 +4,11 @@ Long prompts (tens of thousands of tokens) beyond the model's context are reject
 tokenizing them where a server cannot tell sooner: work that stalls a single-process server's event
 loop. Targets are measured one after another in the same run, each with an idle phase first; the
 probes run in a process of their own (`ProbeProcess`), apart from the load's saturated client.
+
+With `--floor haproxy-refuser`, a server that answers `/health` and does nothing else (load/refusers.py) is
+probed too, at the same instants and from the same process, while each target is loaded: what any server
+on the machine gets under that load, the probe's own wake-ups included (the load client saturates the same
+cores). A target's probe minus the floor's beside it is the target's own share (`above_floor_ms`).
 `python -m load.health_probe --target graph=http://127.0.0.1:8000 --target baseline=http://127.0.0.1:8001`
 """
 
@@ -11,15 +16,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from load.bench.health import ProbeProcess, loop_lag, summarize
+from load.bench import targets
+from load.bench.health import HealthSample, ProbeProcess, loop_lag, summarize
 from load.meta import run_meta, save_result
+from load.stats import summary_ms
 
 WORDS = [
     "serve",
@@ -59,7 +70,8 @@ async def load(client: httpx.AsyncClient, url: str, stop: asyncio.Event, prompts
         statuses[response.status_code] += 1
 
 
-async def measure(url: str, concurrency: int, duration_s: float, prompts: list[str]) -> dict[str, Any]:
+async def measure(url: str, concurrency: int, duration_s: float, prompts: list[str],
+                  floor_url: str | None = None) -> dict[str, Any]:  # fmt: skip
     limits = httpx.Limits(max_connections=concurrency + 4)
     with ProbeProcess(url, PROBE_INTERVAL_S) as prober:
         await asyncio.sleep(3)
@@ -68,16 +80,39 @@ async def measure(url: str, concurrency: int, duration_s: float, prompts: list[s
         statuses: Counter[int | str] = Counter()
         stop = asyncio.Event()
         lag = asyncio.create_task(loop_lag(stop))
-        with ProbeProcess(url, PROBE_INTERVAL_S) as prober:
+        with ProbeProcess(url, PROBE_INTERVAL_S, beside=floor_url) as prober:
             tasks = [asyncio.create_task(load(client, url, stop, prompts, statuses)) for _ in range(concurrency)]
             await asyncio.sleep(duration_s)
             loaded = prober.stop()
         stop.set()
         await asyncio.gather(*tasks)
         lags = await lag
-    return {"idle_health_ms": summarize(idle), "loaded_health_ms": summarize(loaded),
+    return {"idle_health_ms": summarize(idle), "loaded_health_ms": summarize(loaded), **floor_summary(loaded),
             "responses": dict(statuses), "requests_per_s": sum(statuses.values()) / duration_s,
             "load_client_lag_max_ms": round(1000 * max(lags, default=0.0), 1)}  # fmt: skip
+
+
+def floor_summary(samples: list[HealthSample]) -> dict[str, Any]:
+    """The floor's probes (sent at the same instants as `samples`), and by how much each of `samples` took
+    longer than the floor's probe beside it: the target's own share. Empty without a floor."""
+    pairs = [(s, s.beside) for s in samples if s.beside is not None]
+    if not pairs:
+        return {}
+    return {"floor_health_ms": summarize([floor for _, floor in pairs]),
+            "above_floor_ms": dict(summary_ms([s.latency - floor.latency for s, floor in pairs]))}  # fmt: skip
+
+
+@contextmanager
+def floor_server(kind: str | None, log_dir: Path) -> Iterator[str | None]:
+    """The floor's URL while it runs: a `kind` of load/refusers.py at nice 15 in a session of its own, as the
+    graph's HAProxy and `vllm serve` run; None without a `kind`."""
+    if kind is None:
+        yield None
+        return
+    log_dir.mkdir(parents=True, exist_ok=True)
+    spec = dataclasses.replace(targets.LAUNCHERS[kind](None), own_session=True)
+    with targets.launched(spec, log_dir / f"{kind}.log") as (url, _):
+        yield url
 
 
 def main() -> None:
@@ -86,6 +121,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=60)
     parser.add_argument("--words", type=int, default=15000, help="words per prompt (~2 tokens each)")
     parser.add_argument("--duration", type=float, default=20.0)
+    parser.add_argument(
+        "--floor",
+        choices=["haproxy-refuser", "python-refuser"],
+        default=None,
+        help="start this server (load/refusers.py) and probe its /health beside each loaded target",
+    )
     parser.add_argument("--label", default="", help="what is special about this run, shown in the report")
     parser.add_argument("--out", default=None, help="write JSON results here")
     opts = parser.parse_args()
@@ -97,12 +138,16 @@ def main() -> None:
         "concurrency": opts.concurrency,
         "words_per_prompt": opts.words,
         "duration_s": opts.duration,
+        "floor": opts.floor,
         "targets": {},
     }
-    for target in opts.target:
-        name, url = target.split("=", 1)
-        results["targets"][name] = asyncio.run(measure(url, opts.concurrency, opts.duration, prompts))
-        print(name, json.dumps(results["targets"][name]), flush=True)
+    logs = Path(opts.out or "results/health_probe.json").parent / "health-probe-logs"
+    with floor_server(opts.floor, logs) as floor_url:
+        for target in opts.target:
+            name, url = target.split("=", 1)
+            measured = measure(url, opts.concurrency, opts.duration, prompts, floor_url)
+            results["targets"][name] = asyncio.run(measured)
+            print(name, json.dumps(results["targets"][name]), flush=True)
     save_result(opts.out, results)
 
 

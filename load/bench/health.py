@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import multiprocessing
 import time
 from collections.abc import Sequence
@@ -22,10 +23,15 @@ class HealthSample:
     latency: float  # seconds until answered, or until the failure
     status: int | None
     error: str | None = None
+    # A probe of another server sent at the same instant by the same process (load.health_probe's floor):
+    # what the two share (this process waking, the machine's load) cancels in the difference.
+    beside: HealthSample | None = None
 
 
-async def probe(client: httpx.AsyncClient, base_url: str, stop: asyncio.Event, interval_s: float) -> list[HealthSample]:
-    """Probes started every `interval_s`, one at a time, until `stop` is set.
+async def probe(client: httpx.AsyncClient, base_url: str, stop: asyncio.Event, interval_s: float,
+                beside: str | None = None) -> list[HealthSample]:  # fmt: skip
+    """Probes started every `interval_s`, one at a time, until `stop` is set; with `beside`, a probe of that
+    server's `/health` goes at the same instant as each (`HealthSample.beside`).
 
     A probe that outlasts the interval delays the next one instead of piling up: the samples then
     thin out, and the long one shows in the maximum.
@@ -33,15 +39,23 @@ async def probe(client: httpx.AsyncClient, base_url: str, stop: asyncio.Event, i
     samples: list[HealthSample] = []
     next_at = time.perf_counter()
     while not stop.is_set():
-        sent_at = time.perf_counter()
-        try:
-            response = await client.get(f"{base_url}/health")
-            samples.append(HealthSample(sent_at, time.perf_counter() - sent_at, response.status_code))
-        except httpx.HTTPError as exc:  # an unanswered probe is the very thing being measured
-            samples.append(HealthSample(sent_at, time.perf_counter() - sent_at, None, type(exc).__name__))
+        if beside is None:
+            samples.append(await _probe_once(client, base_url))
+        else:
+            sample, other = await asyncio.gather(_probe_once(client, base_url), _probe_once(client, beside))
+            samples.append(dataclasses.replace(sample, beside=other))
         next_at = max(next_at + interval_s, time.perf_counter())
         await asyncio.sleep(next_at - time.perf_counter())
     return samples
+
+
+async def _probe_once(client: httpx.AsyncClient, base_url: str) -> HealthSample:
+    sent_at = time.perf_counter()
+    try:
+        response = await client.get(f"{base_url}/health")
+        return HealthSample(sent_at, time.perf_counter() - sent_at, response.status_code)
+    except httpx.HTTPError as exc:  # an unanswered probe is the very thing being measured
+        return HealthSample(sent_at, time.perf_counter() - sent_at, None, type(exc).__name__)
 
 
 class ProbeProcess:
@@ -53,10 +67,11 @@ class ProbeProcess:
     for both targets with half a core idle on the server's side, 10-30 ms from a process of its own.
     """
 
-    def __init__(self, url: str, interval_s: float) -> None:
+    def __init__(self, url: str, interval_s: float, beside: str | None = None) -> None:
         spawn = multiprocessing.get_context("spawn")
         self._parent, child = spawn.Pipe()
-        self._process = spawn.Process(target=_probe_until_told, args=(child, url, interval_s), daemon=True)
+        args = (child, url, interval_s, beside)
+        self._process = spawn.Process(target=_probe_until_told, args=args, daemon=True)
 
     def __enter__(self) -> ProbeProcess:
         self._process.start()
@@ -74,13 +89,14 @@ class ProbeProcess:
         return samples
 
 
-def _probe_until_told(conn: Connection, url: str, interval_s: float) -> None:
+def _probe_until_told(conn: Connection, url: str, interval_s: float, beside: str | None) -> None:
     async def run() -> list[HealthSample]:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_reader(conn.fileno(), stop.set)
         async with httpx.AsyncClient(timeout=300) as client:
-            await warm_up(client, url)
-            task = asyncio.create_task(probe(client, url, stop, interval_s))
+            for each in (url, beside) if beside else (url,):
+                await warm_up(client, each)
+            task = asyncio.create_task(probe(client, url, stop, interval_s, beside))
             conn.send("ready")
             return await task
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -35,6 +36,9 @@ class LaunchSpec:
     url: str
     ready_timeout_s: float = 300.0
     stop_timeout_s: float = 30.0
+    # A session (so an autogroup, a scheduling group) of its own, as `make serve`'s HAProxy and a
+    # `vllm serve` run by hand have: for a server that stands for those (load.health_probe's floor).
+    own_session: bool = False
 
 
 # Ray runs the graph's workers at nice 15 (RAY_worker_niceness); servers started here get the same,
@@ -193,7 +197,8 @@ def launched(spec: LaunchSpec, log: Path) -> Iterator[tuple[str, int]]:
         # else. Not a session of its own: with the kernel's autogroup scheduling a new session is a new
         # scheduling group, and a server in one measured half its throughput here, with the client in
         # the other stalling for up to a second (docs/benchmarks-notes.md).
-        process = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, process_group=0)
+        group: dict[str, Any] = {"start_new_session": True} if spec.own_session else {"process_group": 0}
+        process = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, **group)
     try:
         wait_healthy(process, spec.url, spec.ready_timeout_s, log)
         yield spec.url, process.pid

@@ -38,6 +38,20 @@ def test_health_probe_section_counts_each_kind_of_answer() -> None:
               "duration_s": 60.0, "targets": {"graph": target}}  # fmt: skip
     page = benchmarks_page.render([result], None)
     assert "| graph | 3.0 | 3.0 | 9.0 | 15.0 | 24.0 | 135.0 | 400: 8,099, ReadError: 2 | 1.00x |" in page
+    assert "The floor" not in page
+
+
+def test_health_probe_section_shows_the_floor_beside_each_target() -> None:
+    phase = {"p50": 3.0, "p95": 9.0, "p99": 15.0, "max": 24.0}
+    target = {"idle_health_ms": phase, "loaded_health_ms": phase, "requests_per_s": 135.0, "responses": {"400": 9},
+              "floor_health_ms": {"p50": 1.0, "p95": 5.0, "p99": 8.5, "max": 20.0},
+              "above_floor_ms": {"p50": 0.5, "p95": 2.0, "p99": 4.5, "max": 11.0}}  # fmt: skip
+    result = {**META, "kind": "health_probe", "label": "", "concurrency": 60, "words_per_prompt": 50000,
+              "duration_s": 60.0, "floor": "haproxy-refuser", "targets": {"graph": target, "vllm": target}}  # fmt: skip
+    page = benchmarks_page.render([result], None)
+    assert "The floor: `haproxy-refuser` (answering `/health` and nothing else" in page
+    assert "| graph | 15.0 | 1.0 | 8.5 | 0.5 | 4.5 | 11.0 |" in page
+    assert "| vllm | 15.0 | 1.0 | 8.5 | 0.5 | 4.5 | 11.0 |" in page
 
 
 def test_idle_cpu_section() -> None:

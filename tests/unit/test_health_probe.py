@@ -24,6 +24,18 @@ async def test_measure_probes_health_idle_and_beside_the_load() -> None:
     for phase in ("idle_health_ms", "loaded_health_ms"):
         assert result[phase]["n"] >= 3 and result[phase]["failures"] == 0, result
     assert result["load_client_lag_max_ms"] >= 0
+    assert "floor_health_ms" not in result
+
+
+async def test_the_floor_is_probed_beside_the_loaded_target() -> None:
+    app, floor = FastAPI(), FastAPI()
+    app.get("/health")(lambda: JSONResponse({}))
+    app.post("/v1/completions")(lambda: JSONResponse({"error": {"message": "too long"}}, status_code=400))
+    floor.get("/health")(lambda: JSONResponse({}))
+    with serving(app) as url, serving(floor) as floor_url:
+        result = await measure(url, concurrency=2, duration_s=0.5, prompts=["a"], floor_url=floor_url)
+    assert result["floor_health_ms"]["n"] == result["loaded_health_ms"]["n"] >= 3, result
+    assert result["floor_health_ms"]["failures"] == 0 and result["above_floor_ms"]["n"] >= 3, result
 
 
 async def test_a_dropped_connection_is_counted_and_the_load_goes_on() -> None:
