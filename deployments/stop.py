@@ -12,8 +12,8 @@ otherwise run on, attached to a dead cluster), and, after `ray stop`, an HAProxy
 (`stray_haproxies`), and the vLLM shared-memory files
 of engines that did not get to unlink them (with `mp`, a worker past vLLM's own exit grace is
 SIGKILLed: 160 MiB each). Only files that did not exist when `make serve` started Ray (`SHM_BASELINE`) and that no
-live process holds are removed, so /dev/shm is left as `make serve` found it. Last, the node's directory of
-HAProxy files (`haproxy_node_dirs`), which Serve makes on each start and never removes.
+live process holds are removed, so /dev/shm is left as `make serve` found it. Last, it removes the node's
+directories of HAProxy files (`haproxy_node_dirs`), which Serve makes on each start and never removes.
 """
 
 from __future__ import annotations
@@ -132,9 +132,11 @@ def haproxy_node_dirs(node_id: str) -> set[Path]:
 
 def remove_haproxy_node_dirs(node_ids: Iterable[str]) -> list[Path]:
     """Removes the HAProxy directories of nodes `node_ids`, once their HAProxies are gone."""
-    removed = sorted(d for node_id in node_ids for d in haproxy_node_dirs(node_id) if d.is_dir())
-    for path in removed:
-        shutil.rmtree(path)
+    removed = []
+    for path in sorted(d for node_id in node_ids for d in haproxy_node_dirs(node_id)):
+        if path.is_dir():  # checked here: with the settings nested, an earlier one may have held it
+            shutil.rmtree(path)
+            removed.append(path)
     return removed
 
 
@@ -150,10 +152,9 @@ def end_processes(processes: list[psutil.Process], timeout_s: float = 30.0) -> N
             proc.kill()
 
 
-def drain_serve() -> str | None:
-    """Drains Serve on the cluster this node belongs to; returns the node's id (None without a cluster)."""
+def join_cluster() -> str | None:
+    """Joins the Ray cluster this node belongs to; returns the node's id (None without a cluster)."""
     import ray
-    from ray.serve.exceptions import RayServeException
 
     try:
         # `make stop` names make serve's cluster in RAY_ADDRESS; without it, `auto` joins the newest.
@@ -162,20 +163,28 @@ def drain_serve() -> str | None:
         print(f"no Ray cluster to stop Serve on: {exc}")
         return None
     node_id: str = ray.get_runtime_context().get_node_id()
+    return node_id
+
+
+def drain_serve() -> None:
+    """Drains Serve on the joined cluster (`join_cluster`), then leaves it."""
+    import ray
+    from ray.serve.exceptions import RayServeException
+
     try:
         stop_serve()
     except RayServeException as exc:
         print(f"Serve is not running: {exc}")
     finally:
         ray.shutdown()
-    return node_id
 
 
 def main() -> None:
     # Each step runs whatever failed before it: a Ray or Serve error must not leave Ray and the driver running.
     node_id = None
     try:
-        node_id = drain_serve()
+        if (node_id := join_cluster()) is not None:
+            drain_serve()
     finally:
         try:
             end_processes(serve_run_drivers(Path.cwd()))
@@ -184,7 +193,7 @@ def main() -> None:
             end_processes(stray_haproxies())
             clean_shm()
             if node_id is None:
-                print("no Ray node to remove the HAProxy files of: left as they are")
+                print("no Ray cluster joined, so no node whose HAProxy files to remove: left as they are")
             else:
                 remove_haproxy_node_dirs([node_id])
 

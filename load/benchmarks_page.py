@@ -109,9 +109,9 @@ def health_probe(result: dict[str, Any]) -> list[str]:
             floors.append(f"| {name} | {_ms(loaded['p99'])} | {_ms(floor['p50'])} | {_ms(floor['p99'])} "
                           f"| {_ms(above['p50'])} | {_ms(above['p99'])} | {_ms(above['max'])} |")  # fmt: skip
     if floors:
-        lines += ["", f"The floor: `{result['floor']}` (answering `/health` and nothing else, nice 15, a session "
-                  "of its own), probed at the same instants by the same process while each target was loaded; a "
-                  "target's probe minus the floor's beside it is its own share.", "",
+        lines += ["", f"The floor: `{result['floor']}` (answering `/health` from its config alone, nice 15, a "
+                  "session of its own), probed at the same instants by the same process while each target was "
+                  "loaded; a target's probe minus the floor's beside it is its own share.", "",
                   "| target | its p99 ms | floor p50 | floor p99 | own share p50 | p99 | max |",
                   "|---|---|---|---|---|---|---|", *floors]  # fmt: skip
     return [*lines, *report.handicap_notes(handicapped), "", *_meta(result)]

@@ -5,10 +5,11 @@ tokenizing them where a server cannot tell sooner: work that stalls a single-pro
 loop. Targets are measured one after another in the same run, each with an idle phase first; the
 probes run in a process of their own (`ProbeProcess`), apart from the load's saturated client.
 
-With `--floor haproxy-refuser`, a server that answers `/health` and does nothing else (load/refusers.py) is
-probed too, at the same instants and from the same process, while each target is loaded: what any server
-on the machine gets under that load, the probe's own wake-ups included (the load client saturates the same
-cores). A target's probe minus the floor's beside it is the target's own share (`above_floor_ms`).
+With `--floor haproxy-refuser`, a server that answers `/health` from its config alone (load/refusers.py) is
+probed too, at the same instants and from the same process (the target's probe is sent first), while each
+target is loaded: what any server on the machine gets under that load, the probe's own wake-ups included
+(the load client saturates the same cores). A target's probe minus the floor's beside it is the target's
+own share (`above_floor_ms`).
 `python -m load.health_probe --target graph=http://127.0.0.1:8000 --target baseline=http://127.0.0.1:8001`
 """
 

@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -194,11 +193,12 @@ def launched(spec: LaunchSpec, log: Path) -> Iterator[tuple[str, int]]:
     """Yields the server's URL once healthy and its main process's pid, which leads its process group."""
     with open(log, "wb") as out:
         # A process group of its own, so stopping it reaches the engine processes it forks and nothing
-        # else. Not a session of its own: with the kernel's autogroup scheduling a new session is a new
-        # scheduling group, and a server in one measured half its throughput here, with the client in
-        # the other stalling for up to a second (docs/benchmarks-notes.md).
-        group: dict[str, Any] = {"start_new_session": True} if spec.own_session else {"process_group": 0}
-        process = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT, **group)
+        # else. Not a session of its own unless `spec.own_session`: with the kernel's autogroup scheduling a
+        # new session is a new scheduling group, and a server in one measured half its throughput here,
+        # with the client in the other stalling for up to a second (docs/benchmarks-notes.md).
+        process = subprocess.Popen(spec.command, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=spec.own_session,
+                                   process_group=None if spec.own_session else 0)  # fmt: skip
     try:
         wait_healthy(process, spec.url, spec.ready_timeout_s, log)
         yield spec.url, process.pid

@@ -49,7 +49,7 @@ def test_health_probe_section_shows_the_floor_beside_each_target() -> None:
     result = {**META, "kind": "health_probe", "label": "", "concurrency": 60, "words_per_prompt": 50000,
               "duration_s": 60.0, "floor": "haproxy-refuser", "targets": {"graph": target, "vllm": target}}  # fmt: skip
     page = benchmarks_page.render([result], None)
-    assert "The floor: `haproxy-refuser` (answering `/health` and nothing else" in page
+    assert "The floor: `haproxy-refuser` (answering `/health` from its config alone" in page
     assert "| graph | 15.0 | 1.0 | 8.5 | 0.5 | 4.5 | 11.0 |" in page
     assert "| vllm | 15.0 | 1.0 | 8.5 | 0.5 | 4.5 | 11.0 |" in page
 

@@ -7,10 +7,12 @@ import itertools
 from collections import Counter
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from load.health_probe import load, long_prompt, measure
+from load.bench.health import HealthSample
+from load.health_probe import floor_summary, load, long_prompt, measure
 from tests.unit.bench_support import serving
 
 
@@ -36,6 +38,16 @@ async def test_the_floor_is_probed_beside_the_loaded_target() -> None:
         result = await measure(url, concurrency=2, duration_s=0.5, prompts=["a"], floor_url=floor_url)
     assert result["floor_health_ms"]["n"] == result["loaded_health_ms"]["n"] >= 3, result
     assert result["floor_health_ms"]["failures"] == 0 and result["above_floor_ms"]["n"] >= 3, result
+
+
+def test_the_own_share_is_the_target_minus_the_floor_beside_it() -> None:
+    def pair(target_s: float, floor_s: float) -> HealthSample:
+        return HealthSample(0.0, target_s, 200, beside=HealthSample(0.0, floor_s, 200))
+
+    summary = floor_summary([pair(0.010, 0.004), pair(0.003, 0.002), pair(0.020, 0.019)])
+    assert summary["above_floor_ms"]["max"] == pytest.approx(6.0) and summary["above_floor_ms"]["n"] == 3
+    assert summary["floor_health_ms"]["max"] == pytest.approx(19.0)
+    assert floor_summary([HealthSample(0.0, 0.010, 200)]) == {}
 
 
 async def test_a_dropped_connection_is_counted_and_the_load_goes_on() -> None:
