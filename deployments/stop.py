@@ -33,6 +33,8 @@ from pathlib import Path
 
 import psutil
 
+from serve_app.ingress.gate.admin import node_dir
+
 logger = logging.getLogger(__name__)
 
 SHM = Path("/dev/shm")
@@ -127,7 +129,8 @@ def haproxy_node_dirs(node_id: str) -> set[Path]:
         raise ValueError(f"not a Ray node id: {node_id!r}")
     files = (serve.RAY_SERVE_HAPROXY_SOCKET_PATH, serve.RAY_SERVE_HAPROXY_CONFIG_FILE_LOC,
              serve.RAY_SERVE_HAPROXY_SERVER_STATE_FILE, serve.RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH)  # fmt: skip
-    return {Path(f).parent / node_id for f in files} | {Path(serve.RAY_SERVE_HAPROXY_SERVER_STATE_BASE) / node_id}
+    # The server-state base is a directory itself, under which Serve makes the node's.
+    return {node_dir(f, node_id) for f in files} | {Path(serve.RAY_SERVE_HAPROXY_SERVER_STATE_BASE) / node_id}
 
 
 def remove_haproxy_node_dirs(node_ids: Iterable[str]) -> list[Path]:

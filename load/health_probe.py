@@ -100,7 +100,7 @@ def floor_summary(samples: list[HealthSample]) -> dict[str, Any]:
     if not pairs:
         return {}
     return {"floor_health_ms": summarize([floor for _, floor in pairs]),
-            "above_floor_ms": dict(summary_ms([s.latency - floor.latency for s, floor in pairs]))}  # fmt: skip
+            "above_floor_ms": summary_ms([s.latency - floor.latency for s, floor in pairs])}  # fmt: skip
 
 
 @contextmanager

@@ -14,12 +14,17 @@ from serve_app.ingress.gate.haproxy import HEALTH_KEY, HEALTH_MAP
 ANSWER_TIMEOUT_S = 5.0
 
 
+def node_dir(setting: str, node_id: str) -> Path:
+    """The directory in which Serve's HAProxy manager on node `node_id` puts the file that one of its
+    `RAY_SERVE_HAPROXY_*` settings names (Serve 2.60's layout: the node's id as a directory before the
+    file name)."""
+    return Path(setting).parent / node_id
+
+
 def admin_socket(node_id: str) -> Path:
-    """Where Serve's HAProxy on node `node_id` listens for admin commands (Serve 2.60's layout: its
-    `RAY_SERVE_HAPROXY_SOCKET_PATH` with the node's id as a directory before the file name)."""
+    """Where Serve's HAProxy on node `node_id` listens for admin commands."""
     default = os.environ.get("RAY_SERVE_HAPROXY_SOCKET_PATH", "/tmp/haproxy-serve/admin.sock")
-    path = Path(default)
-    return path.parent / node_id / path.name
+    return node_dir(default, node_id) / Path(default).name
 
 
 async def admin(socket: Path, line: str) -> str:
