@@ -12,8 +12,10 @@ otherwise run on, attached to a dead cluster), and, after `ray stop`, an HAProxy
 (`stray_haproxies`), and the vLLM shared-memory files
 of engines that did not get to unlink them (with `mp`, a worker past vLLM's own exit grace is
 SIGKILLed: 160 MiB each). Only files that did not exist when `make serve` started Ray (`SHM_BASELINE`) and that no
-live process holds are removed, so /dev/shm is left as `make serve` found it. Last, it removes the node's
-directories of HAProxy files (`haproxy_node_dirs`), which Serve makes on each start and never removes.
+live process holds are removed, so /dev/shm is left as `make serve` found it. Then the socket directories
+of engines killed without a shutdown (`serve_app/stages/engine_ipc.py`): otherwise only the next engine
+started on the machine removes them. Last, it removes the node's directories of HAProxy files
+(`haproxy_node_dirs`), which Serve makes on each start and never removes.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from serve_app.ingress.gate.admin import node_dir
+from serve_app.stages.engine_ipc import remove_orphans
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +199,7 @@ def main() -> None:
             subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], check=False)
             end_processes(stray_haproxies())
             clean_shm()
+            remove_engine_socket_dirs()
             if node_id is None:
                 print("no Ray cluster joined, so no node whose HAProxy files to remove: left as they are")
             else:
@@ -211,6 +216,17 @@ def clean_shm() -> None:
     SHM_BASELINE.unlink()
     if removed:
         print(f"removed {len(removed)} shared-memory files of engines that were killed: {' '.join(removed)}")
+
+
+def remove_engine_socket_dirs() -> list[Path]:
+    """The socket directories of engines that were killed (no process holds their lock), whoever's: ours,
+    with Ray stopped, and any other of this user's that no engine will remove before one starts."""
+    removed = remove_orphans(Path(tempfile.gettempdir()))
+    if removed:
+        print(
+            f"removed the socket directories of {len(removed)} engines that were killed: {' '.join(map(str, removed))}"
+        )
+    return removed
 
 
 if __name__ == "__main__":

@@ -82,6 +82,13 @@ def _meta(result: dict[str, Any]) -> list[str]:
     ]
 
 
+# Where load.health_probe's probe process ran (files before stop 54 did not say: the load client's session).
+_PROBE_SESSIONS = {
+    "own": "The probes ran from a process in a session of its own, as a real prober's.",
+    "load-client": "The probes ran from a process in the load client's session, sharing its CPU as one autogroup.",
+}
+
+
 def health_probe(result: dict[str, Any]) -> list[str]:
     targets = result["targets"]
     reference = targets.get("graph")
@@ -90,7 +97,8 @@ def health_probe(result: dict[str, Any]) -> list[str]:
         f"## `/health` under long prompts ({result['concurrency']} concurrent, "
         f"{result['words_per_prompt']} words per prompt, {result['duration_s']:.0f} s per target)",
         "",
-        "Prompts far beyond the 4,096-token context, so every request is tokenized and rejected with 400.",
+        "Prompts far beyond the 4,096-token context, so every request is tokenized and rejected with 400. "
+        + _PROBE_SESSIONS[result.get("probe_session", "load-client")],
         "",
         "| target | idle p50 ms | loaded p50 | p95 | p99 | max | req/s | answers | p99 vs graph |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -3,7 +3,8 @@
 Long prompts (tens of thousands of tokens) beyond the model's context are rejected with a 400, after
 tokenizing them where a server cannot tell sooner: work that stalls a single-process server's event
 loop. Targets are measured one after another in the same run, each with an idle phase first; the
-probes run in a process of their own (`ProbeProcess`), apart from the load's saturated client.
+probes run in a process of their own (`ProbeProcess`), apart from the load's saturated client, and by
+default in a session of their own too (`--probe-session`).
 
 With `--floor haproxy-refuser`, a server that answers `/health` from its config alone (load/refusers.py) is
 probed too, at the same instants and from the same process (the target's probe is sent first), while each
@@ -72,16 +73,16 @@ async def load(client: httpx.AsyncClient, url: str, stop: asyncio.Event, prompts
 
 
 async def measure(url: str, concurrency: int, duration_s: float, prompts: list[str],
-                  floor_url: str | None = None) -> dict[str, Any]:  # fmt: skip
+                  floor_url: str | None = None, own_session: bool = True) -> dict[str, Any]:  # fmt: skip
     limits = httpx.Limits(max_connections=concurrency + 4)
-    with ProbeProcess(url, PROBE_INTERVAL_S) as prober:
+    with ProbeProcess(url, PROBE_INTERVAL_S, own_session=own_session) as prober:
         await asyncio.sleep(3)
         idle = prober.stop()
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         statuses: Counter[int | str] = Counter()
         stop = asyncio.Event()
         lag = asyncio.create_task(loop_lag(stop))
-        with ProbeProcess(url, PROBE_INTERVAL_S, beside=floor_url) as prober:
+        with ProbeProcess(url, PROBE_INTERVAL_S, beside=floor_url, own_session=own_session) as prober:
             tasks = [asyncio.create_task(load(client, url, stop, prompts, statuses)) for _ in range(concurrency)]
             await asyncio.sleep(duration_s)
             loaded = prober.stop()
@@ -128,6 +129,13 @@ def main() -> None:
         default=None,
         help="start this server (load/refusers.py) and probe its /health beside each loaded target",
     )
+    parser.add_argument(
+        "--probe-session",
+        choices=["own", "load-client"],
+        default="own",
+        help="the probe process in a session of its own, as a real prober (default), or in the load client's "
+        "(stops 46-53): with the kernel's autogroups, a session shares the CPU as one",
+    )
     parser.add_argument("--label", default="", help="what is special about this run, shown in the report")
     parser.add_argument("--out", default=None, help="write JSON results here")
     opts = parser.parse_args()
@@ -140,13 +148,15 @@ def main() -> None:
         "words_per_prompt": opts.words,
         "duration_s": opts.duration,
         "floor": opts.floor,
+        "probe_session": opts.probe_session,
         "targets": {},
     }
     logs = Path(opts.out or "results/health_probe.json").parent / "health-probe-logs"
     with floor_server(opts.floor, logs) as floor_url:
         for target in opts.target:
             name, url = target.split("=", 1)
-            measured = measure(url, opts.concurrency, opts.duration, prompts, floor_url)
+            own_session = opts.probe_session == "own"
+            measured = measure(url, opts.concurrency, opts.duration, prompts, floor_url, own_session)
             results["targets"][name] = asyncio.run(measured)
             print(name, json.dumps(results["targets"][name]), flush=True)
     save_result(opts.out, results)

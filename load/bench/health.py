@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import multiprocessing
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -65,12 +66,16 @@ class ProbeProcess:
     A load client that saturates its own event loop (hundreds of connections, 300 KB bodies) times
     every probe on that loop by its own stall as much as by the server's: `/health` p99 of 2.2-2.7 s
     for both targets with half a core idle on the server's side, 10-30 ms from a process of its own.
+
+    With `own_session`, the process also leaves the client's session, as a real prober (a kubelet, a load
+    balancer) is not in the load generator's: with the kernel's autogroups a session shares the CPU as one,
+    so a probe in the saturated client's session waits behind the client as well as behind the server.
     """
 
-    def __init__(self, url: str, interval_s: float, beside: str | None = None) -> None:
+    def __init__(self, url: str, interval_s: float, beside: str | None = None, own_session: bool = False) -> None:
         spawn = multiprocessing.get_context("spawn")
         self._parent, child = spawn.Pipe()
-        args = (child, url, interval_s, beside)
+        args = (child, url, interval_s, beside, own_session)
         self._process = spawn.Process(target=_probe_until_told, args=args, daemon=True)
 
     def __enter__(self) -> ProbeProcess:
@@ -89,7 +94,10 @@ class ProbeProcess:
         return samples
 
 
-def _probe_until_told(conn: Connection, url: str, interval_s: float, beside: str | None) -> None:
+def _probe_until_told(conn: Connection, url: str, interval_s: float, beside: str | None, own_session: bool) -> None:
+    if own_session:
+        os.setsid()
+
     async def run() -> list[HealthSample]:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_reader(conn.fileno(), stop.set)

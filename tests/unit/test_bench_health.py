@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import multiprocessing
+import os
 import time
 
 import httpx
@@ -72,3 +74,16 @@ async def test_a_probe_process_probes_until_stopped_on_this_processs_clock() -> 
     assert len(samples) >= 3 and all(s.status == 200 for s in samples)
     assert started - 1.0 < samples[0].sent_at and samples[-1].sent_at < stopped
     assert len(served) == len(samples) + 1  # the first, the client's own warm-up, is not a sample
+
+
+async def test_a_probe_process_leaves_the_clients_session_only_when_told() -> None:
+    app = FastAPI()
+    app.get("/health")(lambda: JSONResponse({}))
+    with serving(app) as url:
+        for own_session in (False, True):
+            with ProbeProcess(url, 0.05, own_session=own_session) as prober:
+                (child,) = multiprocessing.active_children()
+                assert child.pid is not None
+                assert (os.getsid(child.pid) == child.pid) is own_session
+                assert (os.getsid(child.pid) == os.getsid(0)) is not own_session
+                prober.stop()

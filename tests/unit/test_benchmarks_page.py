@@ -39,6 +39,16 @@ def test_health_probe_section_counts_each_kind_of_answer() -> None:
     page = benchmarks_page.render([result], None)
     assert "| graph | 3.0 | 3.0 | 9.0 | 15.0 | 24.0 | 135.0 | 400: 8,099, ReadError: 2 | 1.00x |" in page
     assert "The floor" not in page
+    assert "from a process in the load client's session" in page  # files before stop 54 do not say
+
+
+def test_health_probe_section_says_where_the_probes_ran() -> None:
+    phase = {"p50": 3.0, "p95": 9.0, "p99": 15.0, "max": 24.0}
+    target = {"idle_health_ms": phase, "loaded_health_ms": phase, "requests_per_s": 135.0, "responses": {"400": 9}}
+    result = {**META, "kind": "health_probe", "label": "", "concurrency": 60, "words_per_prompt": 50000,
+              "duration_s": 60.0, "probe_session": "own", "targets": {"graph": target}}  # fmt: skip
+    page = benchmarks_page.render([result], None)
+    assert "from a process in a session of its own" in page and "load client's session" not in page
 
 
 def test_health_probe_section_shows_the_floor_beside_each_target() -> None:

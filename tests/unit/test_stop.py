@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +18,7 @@ from ray.serve import context
 
 from deployments import stop
 from deployments.stop import end_processes, serve_run_drivers, stop_serve, stray_haproxies
+from serve_app.stages import engine_ipc
 
 
 class FakeServe:
@@ -99,6 +102,19 @@ def test_removes_only_new_unheld_engine_files(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(stop, "held_shm_files", lambda: {"psm_held"})
     assert stop.remove_orphaned_engine_files(before={"psm_old"}) == ["psm_new", "sem.mp-new"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other_new", "psm_held", "psm_old"]
+
+
+def test_removes_the_socket_directories_of_killed_engines_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    killed, running, older = (tmp_path / f"{engine_ipc.PREFIX}{name}" for name in ("killed", "running", "older"))
+    for directory in (killed, running, older):
+        directory.mkdir()
+    for directory in (killed, running):
+        (directory / engine_ipc.LOCK).write_bytes(b"")
+    with open(running / engine_ipc.LOCK, "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # what a live engine's process holds
+        assert stop.remove_engine_socket_dirs() == [killed]
+    assert sorted(tmp_path.iterdir()) == [older, running]
 
 
 def test_finds_and_ends_an_haproxy_of_this_environment_that_outlived_ray(tmp_path: Path) -> None:
