@@ -187,23 +187,25 @@ def drain_serve() -> None:
 
 
 def main() -> None:
-    # Each step runs whatever failed before it: a Ray or Serve error must not leave Ray and the driver running.
-    node_id = None
-    try:
+    # Every step runs whatever failed before it (an ExitStack runs each callback, last registered first, and
+    # raises what any raised): a Ray or Serve error must not leave Ray and the driver running.
+    joined: list[str] = []
+    with contextlib.ExitStack() as then:
+        then.callback(remove_haproxy_dirs_of_joined, joined)
+        then.callback(remove_engine_socket_dirs)
+        then.callback(clean_shm)
+        then.callback(lambda: end_processes(stray_haproxies()))
+        then.callback(subprocess.run, [str(Path(sys.executable).with_name("ray")), "stop"], check=False)
+        then.callback(lambda: end_processes(serve_run_drivers(Path.cwd())))
         if (node_id := join_cluster()) is not None:
+            joined.append(node_id)
             drain_serve()
-    finally:
-        try:
-            end_processes(serve_run_drivers(Path.cwd()))
-        finally:
-            subprocess.run([str(Path(sys.executable).with_name("ray")), "stop"], check=False)
-            end_processes(stray_haproxies())
-            clean_shm()
-            remove_engine_socket_dirs()
-            if node_id is None:
-                print("no Ray cluster joined, so no node whose HAProxy files to remove: left as they are")
-            else:
-                remove_haproxy_node_dirs([node_id])
+
+
+def remove_haproxy_dirs_of_joined(joined: list[str]) -> None:
+    if not joined:
+        print("no Ray cluster joined, so no node whose HAProxy files to remove: left as they are")
+    remove_haproxy_node_dirs(joined)
 
 
 def clean_shm() -> None:
@@ -219,8 +221,8 @@ def clean_shm() -> None:
 
 
 def remove_engine_socket_dirs() -> list[Path]:
-    """The socket directories of engines that were killed (no process holds their lock), whoever's: ours,
-    with Ray stopped, and any other of this user's that no engine will remove before one starts."""
+    """This user's socket directories of engines that were killed (no process holds their lock): ours, with
+    Ray stopped, and any other that no engine would remove before one starts on the machine."""
     removed = remove_orphans(Path(tempfile.gettempdir()))
     if removed:
         print(

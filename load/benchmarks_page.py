@@ -82,10 +82,12 @@ def _meta(result: dict[str, Any]) -> list[str]:
     ]
 
 
-# Where load.health_probe's probe process ran (files before stop 54 did not say: the load client's session).
+# Where load.health_probe's probes ran; files before stop 54 do not say (None).
 _PROBE_SESSIONS = {
     "own": "The probes ran from a process in a session of its own, as a real prober's.",
     "load-client": "The probes ran from a process in the load client's session, sharing its CPU as one autogroup.",
+    None: "Where the probes ran was not recorded: from stop 18 to 53 in a process in the load client's session, "
+    "before that on the client's own event loop.",
 }
 
 
@@ -98,7 +100,7 @@ def health_probe(result: dict[str, Any]) -> list[str]:
         f"{result['words_per_prompt']} words per prompt, {result['duration_s']:.0f} s per target)",
         "",
         "Prompts far beyond the 4,096-token context, so every request is tokenized and rejected with 400. "
-        + _PROBE_SESSIONS[result.get("probe_session", "load-client")],
+        + _PROBE_SESSIONS[result.get("probe_session")],
         "",
         "| target | idle p50 ms | loaded p50 | p95 | p99 | max | req/s | answers | p99 vs graph |",
         "|---|---|---|---|---|---|---|---|---|",

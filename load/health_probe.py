@@ -73,7 +73,7 @@ async def load(client: httpx.AsyncClient, url: str, stop: asyncio.Event, prompts
 
 
 async def measure(url: str, concurrency: int, duration_s: float, prompts: list[str],
-                  floor_url: str | None = None, own_session: bool = True) -> dict[str, Any]:  # fmt: skip
+                  floor_url: str | None = None, *, own_session: bool) -> dict[str, Any]:  # fmt: skip
     limits = httpx.Limits(max_connections=concurrency + 4)
     with ProbeProcess(url, PROBE_INTERVAL_S, own_session=own_session) as prober:
         await asyncio.sleep(3)
@@ -134,7 +134,7 @@ def main() -> None:
         choices=["own", "load-client"],
         default="own",
         help="the probe process in a session of its own, as a real prober (default), or in the load client's "
-        "(stops 46-53): with the kernel's autogroups, a session shares the CPU as one",
+        "(stops 18-53): with the kernel's autogroups, a session shares the CPU as one",
     )
     parser.add_argument("--label", default="", help="what is special about this run, shown in the report")
     parser.add_argument("--out", default=None, help="write JSON results here")
@@ -156,7 +156,7 @@ def main() -> None:
         for target in opts.target:
             name, url = target.split("=", 1)
             own_session = opts.probe_session == "own"
-            measured = measure(url, opts.concurrency, opts.duration, prompts, floor_url, own_session)
+            measured = measure(url, opts.concurrency, opts.duration, prompts, floor_url, own_session=own_session)
             results["targets"][name] = asyncio.run(measured)
             print(name, json.dumps(results["targets"][name]), flush=True)
     save_result(opts.out, results)

@@ -59,6 +59,9 @@ async def _probe_once(client: httpx.AsyncClient, base_url: str) -> HealthSample:
         return HealthSample(sent_at, time.perf_counter() - sent_at, None, type(exc).__name__)
 
 
+PROCESS_NAME = "health-probe"
+
+
 class ProbeProcess:
     """`probe` run in a process of its own, from entering the `with` until `stop()`, which returns its
     samples (`sent_at` on the same monotonic clock as this process's perf_counter).
@@ -67,16 +70,17 @@ class ProbeProcess:
     every probe on that loop by its own stall as much as by the server's: `/health` p99 of 2.2-2.7 s
     for both targets with half a core idle on the server's side, 10-30 ms from a process of its own.
 
-    With `own_session`, the process also leaves the client's session, as a real prober (a kubelet, a load
-    balancer) is not in the load generator's: with the kernel's autogroups a session shares the CPU as one,
-    so a probe in the saturated client's session waits behind the client as well as behind the server.
+    It also leaves the client's session (`own_session`), as a real prober (a kubelet, a load balancer) is not
+    in the load generator's: with the kernel's autogroups a session shares the CPU as one, so a probe in the
+    saturated client's session waits behind the client as well as behind the server (stops 18-53 probed
+    from there: docs/benchmarks-notes.md, stop54).
     """
 
-    def __init__(self, url: str, interval_s: float, beside: str | None = None, own_session: bool = False) -> None:
+    def __init__(self, url: str, interval_s: float, beside: str | None = None, own_session: bool = True) -> None:
         spawn = multiprocessing.get_context("spawn")
         self._parent, child = spawn.Pipe()
         args = (child, url, interval_s, beside, own_session)
-        self._process = spawn.Process(target=_probe_until_told, args=args, daemon=True)
+        self._process = spawn.Process(target=_probe_until_told, args=args, daemon=True, name=PROCESS_NAME)
 
     def __enter__(self) -> ProbeProcess:
         self._process.start()

@@ -9,11 +9,11 @@ after `AsyncLLM` is made, and one that found no file hung (measured: its first r
 watchdog).
 
 An engine that never shuts down (its replica killed, its node lost) cannot remove its directory; the next
-engine started on the machine does. Each directory holds a lock file, locked (`flock`) by the process
-that made it for as long as it runs (and by a process forked from it, while that runs). The kernel
-releases the lock when they are gone, whatever killed them, so a directory whose lock can be taken is no
-one's. Only the user's own directories are looked at, and a directory without the lock file (one being
-made, or one made before this module) is left.
+engine started on the machine does, and so does `make stop` (`deployments/stop.py`). Each directory
+holds a lock file, locked (`flock`) by the process that made it for as long as it runs (and by a process
+forked from it, while that runs). The kernel releases the lock when they are gone, whatever killed them,
+so a directory whose lock can be taken is no one's. Only the user's own directories are looked at, and a
+directory without the lock file (one being made, or one made before this module) is left.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from load.bench.health import HealthSample, ProbeProcess, loop_lag, probe, summarize
+from load.bench.health import PROCESS_NAME, HealthSample, ProbeProcess, loop_lag, probe, summarize
 from tests.unit.bench_support import serving
 
 
@@ -82,7 +82,7 @@ async def test_a_probe_process_leaves_the_clients_session_only_when_told() -> No
     with serving(app) as url:
         for own_session in (False, True):
             with ProbeProcess(url, 0.05, own_session=own_session) as prober:
-                (child,) = multiprocessing.active_children()
+                (child,) = [p for p in multiprocessing.active_children() if p.name == PROCESS_NAME]
                 assert child.pid is not None
                 assert (os.getsid(child.pid) == child.pid) is own_session
                 assert (os.getsid(child.pid) == os.getsid(0)) is not own_session

@@ -21,7 +21,7 @@ async def test_measure_probes_health_idle_and_beside_the_load() -> None:
     app.get("/health")(lambda: JSONResponse({}))
     app.post("/v1/completions")(lambda: JSONResponse({"error": {"message": "too long"}}, status_code=400))
     with serving(app) as url:
-        result = await measure(url, concurrency=2, duration_s=0.5, prompts=[long_prompt(100, 0)])
+        result = await measure(url, concurrency=2, duration_s=0.5, prompts=[long_prompt(100, 0)], own_session=True)
     assert set(result["responses"]) == {400}
     for phase in ("idle_health_ms", "loaded_health_ms"):
         assert result[phase]["n"] >= 3 and result[phase]["failures"] == 0, result
@@ -35,7 +35,9 @@ async def test_the_floor_is_probed_beside_the_loaded_target() -> None:
     app.post("/v1/completions")(lambda: JSONResponse({"error": {"message": "too long"}}, status_code=400))
     floor.get("/health")(lambda: JSONResponse({}))
     with serving(app) as url, serving(floor) as floor_url:
-        result = await measure(url, concurrency=2, duration_s=0.5, prompts=["a"], floor_url=floor_url)
+        result = await measure(
+            url, concurrency=2, duration_s=0.5, prompts=["a"], floor_url=floor_url, own_session=False
+        )
     assert result["floor_health_ms"]["n"] == result["loaded_health_ms"]["n"] >= 3, result
     assert result["floor_health_ms"]["failures"] == 0 and result["above_floor_ms"]["n"] >= 3, result
 
