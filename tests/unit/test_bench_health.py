@@ -76,7 +76,7 @@ async def test_a_probe_process_probes_until_stopped_on_this_processs_clock() -> 
     assert len(served) == len(samples) + 1  # the first, the client's own warm-up, is not a sample
 
 
-async def test_a_probe_process_leaves_the_clients_session_only_when_told() -> None:
+async def test_a_probe_process_leaves_the_clients_session_unless_told_not_to() -> None:
     app = FastAPI()
     app.get("/health")(lambda: JSONResponse({}))
     with serving(app) as url:
