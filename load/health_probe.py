@@ -152,10 +152,10 @@ def main() -> None:
         "targets": {},
     }
     logs = Path(opts.out or "results/health_probe.json").parent / "health-probe-logs"
+    own_session = opts.probe_session == "own"
     with floor_server(opts.floor, logs) as floor_url:
         for target in opts.target:
             name, url = target.split("=", 1)
-            own_session = opts.probe_session == "own"
             measured = measure(url, opts.concurrency, opts.duration, prompts, floor_url, own_session=own_session)
             results["targets"][name] = asyncio.run(measured)
             print(name, json.dumps(results["targets"][name]), flush=True)
