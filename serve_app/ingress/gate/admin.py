@@ -6,7 +6,6 @@ stamp. The gate's rates go through it too (`publisher.py`); the stamp is written
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 from serve_app.ingress.gate.haproxy import HEALTH_KEY, HEALTH_MAP
@@ -22,9 +21,12 @@ def node_dir(setting: str, node_id: str) -> Path:
 
 
 def admin_socket(node_id: str) -> Path:
-    """Where Serve's HAProxy on node `node_id` listens for admin commands."""
-    default = os.environ.get("RAY_SERVE_HAPROXY_SOCKET_PATH", "/tmp/haproxy-serve/admin.sock")
-    return node_dir(default, node_id) / Path(default).name
+    """Where Serve's HAProxy on node `node_id` listens for admin commands: Serve's own setting
+    (`RAY_SERVE_HAPROXY_SOCKET_PATH`, its default included), as `deployments/stop.py` reads its others."""
+    from ray.serve._private import constants as serve  # no public name for it in Serve 2.60
+
+    setting = serve.RAY_SERVE_HAPROXY_SOCKET_PATH
+    return node_dir(setting, node_id) / Path(setting).name
 
 
 async def admin(socket: Path, line: str) -> str:
