@@ -207,9 +207,10 @@ def main() -> None:
 
 
 def remove_haproxy_dirs_of_joined(joined: list[str]) -> None:
-    if not joined:
+    if joined:
+        remove_haproxy_node_dirs(joined)
+    else:
         print("no Ray cluster joined, so no node whose HAProxy files to remove: left as they are")
-    remove_haproxy_node_dirs(joined)
 
 
 def clean_shm() -> None:
