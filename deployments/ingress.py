@@ -8,6 +8,7 @@ replica's event loop stays free to answer `/health` under load.
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import ray
@@ -30,12 +31,21 @@ from serve_app.token_channel import Inbox
 # One model's stage handles by stage name: tokenizer and llm always, multimodal and vocoder if it has them.
 StageHandles = dict[str, DeploymentHandle[Any]]
 
+# Python runs a full collection after 10 middle-generation ones, once the long-lived objects grew by a
+# quarter since the last. Serve freezes what a replica made while starting (RAY_SERVE_FREEZE_GC_ON_STARTUP),
+# so that quarter is of the few thousand objects made since, and under load it always is: here, where every
+# request in flight has its objects, each full collection walked them all with the loop stalled (7-24 ms
+# every ~6 s at concurrency 8-32, 63 ms with a burst of 200 in flight; none found any garbage:
+# docs/benchmarks-notes.md, stop56). After 100 instead, a tenth as often.
+FULL_COLLECTION_AFTER = 100
+
 
 @serve.deployment(name="ingress", max_ongoing_requests=512, max_queued_requests=1024,
                   ray_actor_options={"num_cpus": 0.5})  # fmt: skip
 @serve.ingress()
 class Ingress:
     def __init__(self, args: GraphArgs, stages: dict[str, StageHandles]) -> None:
+        collect_rarely()
         # One token inbox for every model's llm stage: its streams' chunks come to this replica's node address.
         inbox = Inbox(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
         models = [self._services(model, stages[model.model.name], inbox) for model in args.models]
@@ -85,3 +95,10 @@ class Ingress:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         return create_app(self._router)
+
+
+def collect_rarely() -> None:
+    """Full collections in this process after FULL_COLLECTION_AFTER middle-generation ones; the younger
+    generations' thresholds as they are."""
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, FULL_COLLECTION_AFTER)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
-from deployments.ingress import Ingress
+from deployments.ingress import FULL_COLLECTION_AFTER, Ingress, collect_rarely
 from serve_app.config import AppArgs
 from serve_app.token_channel import Inbox
 from tests.unit.conftest import deployment_class
@@ -27,3 +28,13 @@ def test_every_stage_handle_uses_the_standard_pickle_both_ways(app_args: AppArgs
     for handle in [services.llm._handle, services.tokenizer._stage._handle]:
         assert handle.given["request_serialization"] == "pickle"
         assert handle.given["response_serialization"] == "pickle"
+
+
+def test_the_ingress_runs_full_collections_rarely_and_leaves_the_younger_generations_alone() -> None:
+    before = gc.get_threshold()
+    try:
+        collect_rarely()
+        assert gc.get_threshold() == (before[0], before[1], FULL_COLLECTION_AFTER)
+        assert before[2] < FULL_COLLECTION_AFTER
+    finally:
+        gc.set_threshold(*before)
