@@ -31,12 +31,13 @@ from serve_app.token_channel import Inbox
 # One model's stage handles by stage name: tokenizer and llm always, multimodal and vocoder if it has them.
 StageHandles = dict[str, DeploymentHandle[Any]]
 
-# Python runs a full collection after 10 middle-generation ones, once the long-lived objects grew by a
-# quarter since the last. Serve freezes what a replica made while starting (RAY_SERVE_FREEZE_GC_ON_STARTUP),
-# so that quarter is of the few thousand objects made since, and under load it always is: here, where every
-# request in flight has its objects, each full collection walked them all with the loop stalled (7-24 ms
-# every ~6 s at concurrency 8-32, 63 ms with a burst of 200 in flight; none found any garbage:
-# docs/benchmarks-notes.md, stop56). After 100 instead, a tenth as often.
+# Python runs a full collection once more than 10 middle-generation ones ran since the last, and only if
+# the objects that reached the oldest generation since then are a quarter of those the last one left
+# there. Serve freezes what a replica made while starting (RAY_SERVE_FREEZE_GC_ON_STARTUP), so after the
+# first full collection that quarter is of a few thousand objects, and load always brings them: here,
+# where every request in flight holds its objects, each full collection walked them all with the loop
+# stalled (7-24 ms every 5-11 s at concurrency 8-32, 63 ms during a burst of 200; none freed anything:
+# docs/benchmarks-notes.md, stop56). With 100, about a tenth as often.
 FULL_COLLECTION_AFTER = 100
 
 

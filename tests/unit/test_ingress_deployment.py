@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
 from typing import Any
 
-from deployments.ingress import FULL_COLLECTION_AFTER, Ingress, collect_rarely
+import pytest
+import ray
+
+from deployments.ingress import FULL_COLLECTION_AFTER, Ingress
 from serve_app.config import AppArgs
 from serve_app.token_channel import Inbox
 from tests.unit.conftest import deployment_class
@@ -30,11 +34,28 @@ def test_every_stage_handle_uses_the_standard_pickle_both_ways(app_args: AppArgs
         assert handle.given["response_serialization"] == "pickle"
 
 
-def test_the_ingress_runs_full_collections_rarely_and_leaves_the_younger_generations_alone() -> None:
+class ConstructorStopped(Exception):
+    """Raised by the first Ray call in the ingress's constructor, so it runs without a cluster up to there."""
+
+
+@pytest.fixture
+def gc_thresholds() -> Iterator[tuple[int, int, int]]:
+    """This process's collection thresholds, restored after the test."""
     before = gc.get_threshold()
-    try:
-        collect_rarely()
-        assert gc.get_threshold() == (before[0], before[1], FULL_COLLECTION_AFTER)
-        assert before[2] < FULL_COLLECTION_AFTER
-    finally:
-        gc.set_threshold(*before)
+    yield before
+    gc.set_threshold(*before)
+
+
+def test_the_ingress_runs_full_collections_rarely_from_its_start(
+    gc_thresholds: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def stop() -> str:
+        raise ConstructorStopped
+
+    monkeypatch.setattr(ray.util, "get_node_ip_address", stop)
+    ingress = deployment_class(Ingress).__bases__[0]  # ours, under the wrapper `@serve.ingress` makes
+    with pytest.raises(ConstructorStopped):
+        ingress(None, {})
+    young, middle, _ = gc_thresholds
+    assert gc.get_threshold() == (young, middle, FULL_COLLECTION_AFTER)
+    assert gc_thresholds[2] < FULL_COLLECTION_AFTER
