@@ -20,16 +20,7 @@ import pytest
 from load.ports import free_port
 from serve_app.config import AppArgs
 from serve_app.ingress.gate.admin import admin, publish_health
-from serve_app.ingress.gate.haproxy import (
-    AUTOGROUP_NICE,
-    MAPS,
-    MARK,
-    add_gate,
-    first_in_line,
-    real_binary,
-    refusal_body,
-    with_gate,
-)
+from serve_app.ingress.gate.haproxy import MAPS, MARK, add_gate, real_binary, refusal_body, with_gate
 from serve_app.ingress.gate.publisher import RefusalCounts, entries, publish
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.test_gate_publisher import RATES, gated
@@ -228,8 +219,6 @@ def test_the_script_gates_serves_config_and_execs_haproxy_in_a_session_that_ends
             time.sleep(0.05)
         assert (tmp_path / "admin.sock").exists() and MARK in config.read_text()
         assert Path(haproxy.exe()) == Path(real_binary()) and os.getsid(haproxy.pid) == haproxy.pid
-        nice = int(Path(f"/proc/{haproxy.pid}/autogroup").read_text().split()[-1])
-        assert nice == AUTOGROUP_NICE if may_lower_nice() else nice in (0, AUTOGROUP_NICE)
         parent.kill()
         parent.wait()
         haproxy.wait(5)  # ended with its parent, or psutil.TimeoutExpired
@@ -237,23 +226,3 @@ def test_the_script_gates_serves_config_and_execs_haproxy_in_a_session_that_ends
         parent.kill()
         if haproxy.is_running():
             haproxy.kill()
-
-
-def may_lower_nice() -> bool:
-    """Whether this process has `CAP_SYS_NICE` (root's, unless a container dropped it)."""
-    status = Path("/proc/self/status").read_text().splitlines()
-    effective = int(next(line.split()[1] for line in status if line.startswith("CapEff:")), 16)
-    return bool(effective >> 23 & 1)  # CAP_SYS_NICE is capability 23
-
-
-def test_haproxys_session_asks_for_a_higher_weight(tmp_path: Path) -> None:
-    autogroup = tmp_path / "autogroup"
-    first_in_line(autogroup)
-    assert autogroup.read_text() == str(AUTOGROUP_NICE) and AUTOGROUP_NICE < 0
-
-
-def test_without_the_privilege_haproxy_runs_at_the_default_weight_and_says_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    first_in_line(tmp_path / "no such directory" / "autogroup")
-    assert "keeps the default weight" in capsys.readouterr().err

@@ -20,11 +20,10 @@ than there.
 Serve 2.60 renders HAProxy's config from a template that takes no rules of ours, so this module is the
 HAProxy binary Serve runs (`RAY_SERVE_HAPROXY_BINARY_PATH`, set by the Makefile and `load.graph_launcher`
 to the `serve-graph-haproxy` script): it adds the rules to the config it is given, writes the maps and
-the refusal bodies beside Serve's admin socket, and runs the real binary, in a session of its own at a
-higher weight than the rest of the graph (`own_session`, `first_in_line`). It rewrites Serve's file in
-place (Serve finds its HAProxy processes by that path in their command lines). Whatever goes wrong
-here, it says so and runs HAProxy with Serve's config unchanged, where Serve started it: no gate, but a
-front door.
+the refusal bodies beside Serve's admin socket, and runs the real binary, in a session of its own
+(`own_session`). It rewrites Serve's file in place (Serve finds its HAProxy processes by that path in
+their command lines). Whatever goes wrong here, it says so and runs HAProxy with Serve's config
+unchanged, where Serve started it: no gate, but a front door.
 """
 
 from __future__ import annotations
@@ -52,10 +51,6 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 SLOTS = [2**k for k in range(10, 0, -1)]  # 1024 ... 2, then 1
 TABLE = "serve_graph_in_flight"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-# The nice value of HAProxy's autogroup: a weight of 3121 against the cluster's and a client's 1024 (nice
-# 0) and the engines' 335 (nice 5, `serve_app/stages/engine_session.py`). Lowering it takes privilege.
-AUTOGROUP_NICE = -5
-AUTOGROUP = Path("/proc/self/autogroup")
 
 # Serve's HTTP frontend, up to its first routing rule: the gate's rules go there, after Serve's own
 # (health checks, routes, its metrics' variables).
@@ -212,23 +207,6 @@ def own_session() -> None:
     if os.getppid() != parent:  # the parent ended before the signal was asked for: a front door for no one
         raise SystemExit(f"serve-graph-haproxy: parent {parent} ended before HAProxy started")
     os.setsid()
-    first_in_line()
-
-
-def first_in_line(autogroup: Path = AUTOGROUP) -> None:
-    """HAProxy's new session at a higher weight than the rest of the graph (`AUTOGROUP_NICE`).
-
-    In its own session at equal weight, HAProxy still waited behind the cluster's session: traced over a
-    burst of 400 (`ftrace`, stop 57), it was runnable but waiting for 39 ms of the 160 ms after the
-    burst, mostly preempted and then queued behind the ingress's loop (busy with the requests it
-    admitted) and Ray's threads that wake every 10 ms. HAProxy's work is small (~0.35 ms of CPU a request), so the
-    weight lets it answer `/health` and refusals first without taking much from anyone. Lowering an
-    autogroup's nice takes privilege (root, `CAP_SYS_NICE` or a `RLIMIT_NICE` that allows it); without
-    it HAProxy runs at its session's default weight, and says so."""
-    try:
-        autogroup.write_text(str(AUTOGROUP_NICE))
-    except OSError as exc:  # unprivileged, or a kernel without autogroups
-        print(f"serve-graph-haproxy: HAProxy's session keeps the default weight: {exc!r}", file=sys.stderr)
 
 
 def main() -> None:
