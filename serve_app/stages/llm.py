@@ -26,7 +26,7 @@ from serve_app.errors import (
     ServiceUnavailableError,
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
-from serve_app.stages import engine_session, top_p
+from serve_app.stages import engine_session, gloo_device, top_p
 from serve_app.stages.engine_ipc import socket_files_removed_at_shutdown
 from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, omp_threads, resolve_dtype
 from serve_app.stages.engine_watchdog import EngineWatchdog
@@ -75,6 +75,7 @@ def build_engine(args: AppArgs) -> Engine:
     }
     engine_session.request_own_session(args.engine.own_session)
     top_p.request(args.engine.top_p)
+    gloo_device.request()
     if on_cpu:
         placement["cpu_cores"] = bind_engine_cores(args.engine.cpu_cores, omp_threads())
     engine_args = AsyncEngineArgs(
