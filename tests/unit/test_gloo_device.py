@@ -12,7 +12,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from serve_app.stages.gloo_device import ENV, sharing_one_device
+from serve_app.stages import gloo_device
+from serve_app.stages.gloo_device import ENV, ENV_IFNAME, sharing_one_device
 
 # vLLM's way into the engine: its general plugins, then the groups an engine of one rank makes (the
 # world and twelve more), then a collective on each; prints the process's threads by name.
@@ -34,8 +35,12 @@ print(json.dumps(collections.Counter(names)))
 """
 
 
+# Settings that change which gloo devices torch makes, or which plugins vLLM runs.
+UNSET = {ENV, ENV_IFNAME, "GLOO_DEVICE_TRANSPORT", "TORCH_GLOO_LAZY_INIT", "VLLM_PLUGINS"}
+
+
 def engine_threads(asked: bool) -> dict[str, int]:
-    env = {k: v for k, v in os.environ.items() if k != ENV} | ({ENV: "1"} if asked else {})
+    env = {k: v for k, v in os.environ.items() if k not in UNSET} | ({ENV: "1"} if asked else {})
     done = subprocess.run([sys.executable, "-c", ENGINE], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     threads: dict[str, int] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -80,7 +85,7 @@ def test_groups_of_one_rank_share_the_first_ones_device(gloo: Any) -> None:
     gloo("store", 0, 1, timedelta(seconds=7))
     (first, _), (second, _) = FakeGloo.made
     assert first[:3] == ("store", 0, 1)
-    assert first[3]._devices == second[3]._devices and len(first[3]._devices) == 1
+    assert len(first[3]._devices) == 1 and first[3]._devices[0] is second[3]._devices[0]
     assert (first[3]._timeout, second[3]._timeout) == (timedelta(seconds=5), timedelta(seconds=7))
 
 
@@ -89,8 +94,35 @@ def test_groups_of_one_rank_share_the_first_ones_device(gloo: Any) -> None:
     [
         ((0, 2), {"timeout": timedelta(seconds=5)}),  # two ranks: torch's own device
         ((0, 1, "options"), {}),  # the caller's own options
+        ((0, 1), {"options": "options"}),
+        ((0, 1), {}),  # torch's default timeout, torch's way
+        ((0, 1), {"other": timedelta(seconds=5)}),  # what torch would refuse, torch refuses
     ],
 )
 def test_other_groups_are_made_as_torch_makes_them(gloo: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     gloo("store", *args, **kwargs)
     assert FakeGloo.made == [(("store", *args), kwargs)]
+
+
+def test_a_device_per_interface_stays_with_torch(gloo: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_IFNAME, "eth0,eth1")
+    gloo("store", 0, 1, timeout=timedelta(seconds=5))
+    assert FakeGloo.made == [(("store", 0, 1), {"timeout": timedelta(seconds=5)})]
+
+
+@pytest.mark.parametrize(("asked", "wrapped"), [("1", True), (None, False)])
+def test_the_plugin_wraps_torchs_class_once_and_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, asked: str | None, wrapped: bool
+) -> None:
+    from torch.distributed import distributed_c10d
+
+    if asked is None:
+        monkeypatch.delenv(ENV, raising=False)
+    else:
+        monkeypatch.setenv(ENV, asked)
+    monkeypatch.setattr(distributed_c10d, "ProcessGroupGloo", FakeGloo)
+    gloo_device.install()
+    gloo_device.install()
+    installed: type = distributed_c10d.ProcessGroupGloo
+    assert (installed is not FakeGloo) is wrapped
+    assert installed.__mro__[1:2] == ((FakeGloo,) if wrapped else (object,))
