@@ -24,6 +24,7 @@ keep torch's class.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from datetime import timedelta
@@ -58,7 +59,7 @@ def install() -> None:
 def sharing_one_device(base: Any) -> Any:
     """A subclass of torch's `ProcessGroupGloo` (`base`) whose groups of one rank, made as torch and vLLM
     make them (store, rank, size and a timeout), all use the device the first of them made."""
-    devices: list[Any] = []
+    shared_device = functools.cache(base.create_default_device)  # made by the first group that needs it
 
     class ProcessGroupGloo(base):  # type: ignore[misc]
         shares_one_device = True
@@ -69,10 +70,8 @@ def sharing_one_device(base: Any) -> Any:
                 # More ranks, the caller's own options, or a device per interface: as torch makes them.
                 super().__init__(store, rank, size, *args, **kwargs)
                 return
-            if not devices:
-                devices.append(base.create_default_device())
             options = base._Options()
-            options._devices = [devices[0]]
+            options._devices = [shared_device()]
             options._timeout = timeout
             super().__init__(store, rank, size, options)
 
