@@ -16,7 +16,8 @@ from serve_app.stages import gloo_device
 from serve_app.stages.gloo_device import ENV, ENV_IFNAME, sharing_one_device
 
 # vLLM's way into the engine: its general plugins, then the groups an engine of one rank makes (the
-# world and twelve more), then a collective on each; prints the process's threads by name.
+# world and twelve more), then a collective on each; prints the process's threads by name, then ends the
+# groups.
 ENGINE = """
 import collections, json, os, socket
 import torch, torch.distributed as dist
@@ -32,6 +33,9 @@ for group in [dist.new_group([0], backend="gloo") for _ in range(12)]:
     dist.barrier(group=group)
 names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
 print(json.dumps(collections.Counter(names)))
+# As vLLM does at shutdown: gloo groups left to the interpreter's exit can abort it (SIGABRT, "terminate
+# called without an active exception", pytorch/pytorch#179291; once in a CI run here, with the device shared).
+dist.destroy_process_group()
 """
 
 
