@@ -99,6 +99,11 @@ class EngineConfig(Strict):
         description="vLLM's own model code, or its Transformers backend. The CPU vision config needs "
         "`transformers`: vLLM's LLaVA code imports torchvision, which has no CPU build for this torch.",
     )
+    generation_config: Literal["auto", "vllm"] = Field(
+        default="auto",
+        description="Sampling defaults for what a request leaves out (temperature, top_p, top_k, min_p and the "
+        "penalties): `auto` the model's `generation_config.json`, as `vllm serve`; `vllm` vLLM's neutral ones.",
+    )
     watchdog_timeout_s: float | None = Field(
         default=60.0,
         ge=1.0,

@@ -101,6 +101,8 @@ class TokenizeRequest:
     check_context: bool = True
     # Prompt tokens of each image once its placeholder is expanded, for the context-length check.
     image_tokens: list[int] = field(default_factory=list)
+    # `/tokenize`'s `return_token_strs`: each token's string in the vocabulary too.
+    token_strs: bool = False
     # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
     deadline: float | None = None
 
@@ -119,6 +121,7 @@ class TokenizedPrompt:
     elapsed_s: float
     # Prompt length the engine sees: image placeholders expanded to their image tokens.
     num_prompt_tokens: int = 0
+    token_strs: list[str] | None = None  # when asked for
 
 
 @message

@@ -64,7 +64,9 @@ class OpenAIRequest(OpenAIModel):
 
 class StreamOptions(OpenAIModel):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
+    continuous_usage_stats: bool = Field(
+        default=False, description="vLLM's extension: with include_usage, every chunk also carries the usage so far."
+    )
 
 
 class SamplingRequest(OpenAIRequest):
@@ -75,7 +77,7 @@ class SamplingRequest(OpenAIRequest):
     n: int = Field(default=1, ge=1, le=INT64_MAX)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=-1, le=INT64_MAX)
+    top_k: int | None = Field(default=None, ge=-1, le=INT64_MAX, description="0 or -1: all tokens (vLLM's).")
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=-(2**63), le=INT64_MAX)
     stop: str | list[str] | None = None
@@ -108,11 +110,15 @@ class SamplingRequest(OpenAIRequest):
     def _check(self) -> SamplingRequest:
         if self.truncate_prompt_tokens == 0:
             raise ValueError("truncate_prompt_tokens must be -1 or at least 1")
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
-        if self.top_k == 0:
-            raise ValueError("top_k must be -1 (disabled) or at least 1")
+        if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")  # `{}` is allowed, as by vLLM
         return self
+
+    def usage_in_stream(self) -> tuple[bool, bool]:
+        """Whether a stream ends with a usage chunk, and whether every chunk carries the usage so far
+        (vLLM: `continuous_usage_stats` only together with `include_usage`)."""
+        options = self.stream_options or StreamOptions()
+        return options.include_usage, options.include_usage and options.continuous_usage_stats
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping
 from contextlib import aclosing, contextmanager, nullcontext
 from typing import Any, Protocol
 
@@ -96,6 +96,7 @@ def build_engine(args: AppArgs) -> Engine:
         stream_interval=args.engine.stream_interval,
         disable_log_stats=not args.engine.log_stats,
         model_impl=args.engine.model_impl,
+        generation_config=args.engine.generation_config,
     )
     if args.multimodal is not None:
         # The multimodal stage enforces the same bound first, with a 400 that names it.
@@ -141,19 +142,28 @@ def _client_errors() -> tuple[type[Exception], ...]:
     return (ValueError, TypeError, VLLMClientError)
 
 
-def to_sampling_params(spec: SamplingSpec, audio_token_ids: list[int] | None = None) -> Any:
-    """SamplingSpec -> vLLM SamplingParams; vLLM's own range checks become 400s."""
+# The sampling fields a request may leave out, to the model's defaults or vLLM's.
+_DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+
+
+def sampling_defaults(engine: Any) -> dict[str, Any]:
+    """The model's sampling defaults (`engine.generation_config`: its `generation_config.json` with
+    `auto`), which `vllm serve` gives every field of `_DEFAULTED` a request leaves out. Its `max_tokens`
+    is not among them: a request without one gets the room its prompt leaves."""
+    defaults = engine.model_config.get_diff_sampling_param()
+    return {name: defaults[name] for name in _DEFAULTED if name in defaults}
+
+
+def to_sampling_params(
+    spec: SamplingSpec, audio_token_ids: list[int] | None = None, defaults: Mapping[str, Any] | None = None
+) -> Any:
+    """SamplingSpec -> vLLM SamplingParams, `defaults` for the fields it leaves out; vLLM's own range
+    checks become 400s."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    optional = {
-        name: getattr(spec, name)
-        for name in (
-            "temperature", "top_p", "top_k", "min_p",
-            "presence_penalty", "frequency_penalty", "repetition_penalty",
-        )
-        if getattr(spec, name) is not None
-    }  # fmt: skip
+    optional = dict(defaults or {})
+    optional.update({name: value for name in _DEFAULTED if (value := getattr(spec, name)) is not None})
     try:
         return SamplingParams(
             n=spec.n,
@@ -233,8 +243,10 @@ class LLMStage:
         max_seqs: int | None = None,
         watchdog: EngineWatchdog | None = None,
         stream_interval_s: float = 0.0,
+        defaults: Mapping[str, Any] | None = None,
     ) -> None:
         self._engine = engine
+        self._defaults = defaults  # `sampling_defaults`: what a request leaves out
         # At most one chunk per this many seconds after the first (`engine.stream_interval_ms`).
         self._stream_interval_s = stream_interval_s
         self._watchdog = watchdog if watchdog is not None else EngineWatchdog(None)
@@ -246,7 +258,7 @@ class LLMStage:
         self._seqs = 0
 
     @staticmethod
-    def parts(args: AppArgs) -> tuple[Engine, list[int] | None, int, EngineWatchdog, float]:
+    def parts(args: AppArgs) -> tuple[Engine, list[int] | None, int, EngineWatchdog, float, dict[str, Any]]:
         """The constructor's arguments for `args`: this builds the engine."""
         audio_token_ids = None
         if args.tts is not None and args.tts.constrain_to_audio_tokens:
@@ -261,7 +273,11 @@ class LLMStage:
             audio_token_ids = [*layout.audio_token_ids(), layout.stop_id]
         max_seqs = args.engine.max_num_seqs + args.engine.max_waiting_requests
         watchdog = EngineWatchdog(args.engine.watchdog_timeout_s)
-        return build_engine(args), audio_token_ids, max_seqs, watchdog, args.engine.stream_interval_ms / 1000
+        engine = build_engine(args)
+        defaults = sampling_defaults(engine)
+        logger.info("sampling defaults of %s (generation_config %s): %s", args.model.name,
+                    args.engine.generation_config, defaults or "vLLM's")  # fmt: skip
+        return engine, audio_token_ids, max_seqs, watchdog, args.engine.stream_interval_ms / 1000, defaults
 
     @classmethod
     def from_args(cls, args: AppArgs) -> LLMStage:
@@ -275,7 +291,7 @@ class LLMStage:
         from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDeadError
 
         DeadlineExceededError.check(request.deadline, "llm")
-        params = to_sampling_params(request.sampling, self._audio_token_ids)
+        params = to_sampling_params(request.sampling, self._audio_token_ids, self._defaults)
         prompt: TokensPrompt | TokensInput
         if request.images:
             # A raw prompt: vLLM's renderer runs the model's multimodal processor on it, in its thread pool.

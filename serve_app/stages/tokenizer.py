@@ -196,12 +196,12 @@ class TokenizerStage:
         DeadlineExceededError.check(request.deadline, "tokenizer")
         start = time.perf_counter()
         with self._pool.borrow() as tok:
-            token_ids = self._encode(tok, request)
-        token_ids = self._truncate(token_ids, request)
+            token_ids = self._truncate(self._encode(tok, request), request)
+            token_strs = list(tok.convert_ids_to_tokens(token_ids)) if request.token_strs else None
         # Each image's placeholder token becomes `image_tokens[i]` tokens in the engine.
         num_prompt_tokens = len(token_ids) + sum(request.image_tokens) - len(request.image_tokens)
         max_tokens = self._check_length(num_prompt_tokens, request) if request.check_context else 0
-        return TokenizedPrompt(token_ids, max_tokens, time.perf_counter() - start, num_prompt_tokens)
+        return TokenizedPrompt(token_ids, max_tokens, time.perf_counter() - start, num_prompt_tokens, token_strs)
 
     def detokenize_sync(self, token_ids: list[int]) -> str:
         self._check_ids(token_ids, "tokens")
@@ -281,12 +281,12 @@ class TokenizerStage:
         room = self.max_model_len - n
         if request.max_tokens is None:
             return room
-        if request.max_tokens > room:
+        # As vLLM 0.32 (`get_max_tokens`, `TokenizeParams`): a budget past the context is a 400, one past
+        # the room this prompt leaves is cut to that room (a client that always asks for a large budget).
+        if request.max_tokens > self.max_model_len:
             raise BadRequestError(
-                f"'max_tokens' is too large: {request.max_tokens}. This model's maximum context length "
-                f"is {self.max_model_len} tokens and your request has {n} input tokens "
-                f"({request.max_tokens} > {self.max_model_len} - {n}).",
+                f"max_tokens={request.max_tokens} cannot be greater than max_model_len={self.max_model_len}. "
+                "Please request fewer output tokens.",
                 param="max_tokens",
-                code="context_length_exceeded",
             )
-        return request.max_tokens
+        return min(request.max_tokens, room)

@@ -125,10 +125,27 @@ def test_completions_list_prompt_and_stream(client: Any, reference_tokenizer: An
     assert chunks[-1].usage.completion_tokens == 4
 
 
+def test_what_vllm_serve_accepts_the_real_engine_runs(client: Any, reference_tokenizer: Any) -> None:
+    # vLLM 0.32's defaults and bounds: 16 tokens for a completion that sets none, top_k 0 for all tokens,
+    # a budget past the room the prompt leaves cut to that room, the sampled token among top_logprobs.
+    prompt = "word " * 4000
+    room = 4096 - len(reference_tokenizer.encode(prompt))
+    response = client.completions.create(model="tiny-chat", prompt="import os", echo=True, temperature=0,
+                                         extra_body={"ignore_eos": True, "top_k": 0})  # fmt: skip
+    assert response.usage.completion_tokens == 16
+    assert response.choices[0].text.startswith("import os")
+    long = client.completions.create(model="tiny-chat", prompt=prompt, max_tokens=4000, logprobs=0,
+                                     extra_body={"ignore_eos": True})  # fmt: skip
+    assert long.usage.completion_tokens == room == len(long.choices[0].logprobs.top_logprobs)
+    assert all(len(top) == 1 for top in long.choices[0].logprobs.top_logprobs)
+
+
 def test_tokenize_detokenize(graph: str, reference_tokenizer: Any) -> None:
     ids = httpx.post(f"{graph}/tokenize", json={"prompt": "hello world"}, timeout=10).json()
     assert ids["tokens"] == reference_tokenizer.encode("hello world")
     assert ids["max_model_len"] == 4096
+    strs = httpx.post(f"{graph}/tokenize", json={"prompt": "hello world", "return_token_strs": True}, timeout=10)
+    assert strs.json()["token_strs"] == reference_tokenizer.convert_ids_to_tokens(ids["tokens"])
     text = httpx.post(f"{graph}/detokenize", json={"tokens": ids["tokens"]}, timeout=10).json()
     assert text == {"prompt": "hello world"}
 

@@ -47,7 +47,7 @@ BAD_REQUESTS = [
     (CHAT, {"messages": HI, "top_p": 0}, "top_p"),
     (CHAT, {"messages": HI, "n": 0}, "n"),
     (CHAT, {"messages": HI, "n": 5}, "n"),
-    (CHAT, {"messages": HI, "top_k": 0}, None),
+    (CHAT, {"messages": HI, "top_k": -2}, "top_k"),
     (CHAT, {"messages": HI, "unknown_field": 1}, "unknown_field"),
     (CHAT, {"messages": []}, "messages"),
     (CHAT, {}, "messages"),
@@ -60,7 +60,7 @@ BAD_REQUESTS = [
     (CHAT, {"messages": HI, "top_logprobs": 2}, None),
     (CHAT, {"messages": HI, "truncate_prompt_tokens": 0}, None),
     (CHAT, {"messages": HI, "truncate_prompt_tokens": 129}, "truncate_prompt_tokens"),
-    (CHAT, {"messages": HI, "stream_options": {"include_usage": True}}, None),
+    (CHAT, {"messages": HI, "stream_options": {"include_usage": False}}, None),
     ("/v1/completions", {"prompt": "Hi", "logprobs": 6}, "logprobs"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"prompt": []}, None),
@@ -85,6 +85,16 @@ def test_bad_requests_are_400_openai_errors(
     error = assert_openai_error(client.post(path, json=body), 400, "BadRequestError")
     assert error["param"] == param
     assert fake_llm.requests == []  # rejected before the engine
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"top_k": 0}, {"top_k": -1}, {"stream_options": {}}, {"top_logprobs": 0}, {"max_tokens": 128}],
+    ids=["top_k 0", "top_k -1", "empty stream_options", "top_logprobs 0", "max_tokens past the room"],
+)
+def test_what_vllm_accepts_is_accepted(client: TestClient, fake_llm: Any, fields: dict[str, Any]) -> None:
+    assert client.post(CHAT, json={"messages": HI, **fields}).status_code == 200
+    assert len(fake_llm.requests) == 1
 
 
 def test_context_errors_carry_their_code(client: TestClient) -> None:

@@ -155,12 +155,18 @@ def test_streaming_continuous_usage(client: TestClient, sse_events: Any, chat_id
         "messages": MESSAGES,
         "max_tokens": 2,
         "stream": True,
-        "stream_options": {"continuous_usage_stats": True},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     events = sse_events(client.post(CHAT, json=body).text)
     prompt = len(chat_ids(MESSAGES))
-    assert [e["usage"]["completion_tokens"] for e in events[1:-1]] == [1, 2]
-    assert {e["usage"]["prompt_tokens"] for e in events[1:-1]} == {prompt}
+    assert [e["usage"]["completion_tokens"] for e in events[:-1]] == [0, 1, 2, 2]  # the role's chunk: 0
+    assert {e["usage"]["prompt_tokens"] for e in events[:-1]} == {prompt}
+
+
+def test_continuous_usage_needs_include_usage(client: TestClient, sse_events: Any) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 2, "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    events = sse_events(client.post(CHAT, json=body).text)
+    assert [e for e in events if "usage" in e] == []  # as vLLM: only together with include_usage
 
 
 def test_streaming_logprobs(client: TestClient, sse_events: Any) -> None:

@@ -63,6 +63,25 @@ def test_echo(client: TestClient) -> None:
     assert [c["text"] for c in body["choices"]] == ["Hello worldaa", "Byeaa"]
 
 
+def test_echo_gives_a_text_prompt_as_sent_and_decodes_token_ids(
+    client: TestClient, services: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def decoded(token_ids: list[int]) -> str:
+        return f"<s>{token_ids}"  # what a tokenizer that adds special tokens would give back
+
+    monkeypatch.setattr(services.tokenizer, "detokenize", decoded)
+    for prompt, echoed in (["Hello  world", "Bye"], ["Hello  world", "Bye"]), ([[5, 6], [7]], ["<s>[5, 6]", "<s>[7]"]):
+        body = {"prompt": prompt, "echo": True, "max_tokens": 1}
+        assert [c["text"] for c in client.post(COMPLETIONS, json=body).json()["choices"]] == [e + "a" for e in echoed]
+
+
+def test_max_tokens_defaults_to_16(client: TestClient, fake_llm: Any, hf_tokenizer: Any) -> None:
+    assert client.post(COMPLETIONS, json={"prompt": "Hi"}).json()["usage"]["completion_tokens"] == 16
+    assert client.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": None}).status_code == 200
+    room = 128 - len(hf_tokenizer.encode("Hi"))  # null: what the context leaves, as chat's default
+    assert [r.sampling.max_tokens for r in fake_llm.requests] == [16, room]
+
+
 def test_logprobs(client: TestClient, fake_llm: Any) -> None:
     body = client.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 2, "logprobs": 2}).json()
     assert fake_llm.requests[0].sampling.logprobs == 2
@@ -118,6 +137,25 @@ def test_streaming_logprob_offsets_continue(client: TestClient, sse_events: Any)
     assert events[0]["choices"][0]["logprobs"]["top_logprobs"] == [{"a": -0.5}]
 
 
+def test_top_logprobs_include_the_sampled_token(client: TestClient) -> None:
+    body = client.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 1, "logprobs": 0}).json()
+    assert body["choices"][0]["logprobs"]["top_logprobs"] == [{"a": -0.5}]  # k + 1, as the legacy API
+
+
+def test_streaming_continuous_usage(client: TestClient, sse_events: Any, hf_tokenizer: Any) -> None:
+    texts = ["Hello", "Bye now"]
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body: dict[str, Any] = {"prompt": texts, "max_tokens": 2, "stream": True, "stream_options": options}
+    events = sse_events(client.post(COMPLETIONS, json=body).text)[:-1]
+    prompts = [len(hf_tokenizer.encode(p)) for p in texts]
+    for index in (0, 1):
+        mine = [e["usage"] for e in events[:-1] if e["choices"][0]["index"] == index]
+        assert [(u["prompt_tokens"], u["completion_tokens"]) for u in mine] == [(prompts[index], k) for k in (1, 2)]
+    assert events[-1]["usage"]["completion_tokens"] == 4
+    body["stream_options"] = {"continuous_usage_stats": True}  # without include_usage: no usage at all
+    assert [e for e in sse_events(client.post(COMPLETIONS, json=body).text) if "usage" in e] == []
+
+
 def test_one_bad_prompt_fails_the_request_and_closes_the_others(client: TestClient, fake_llm: Any) -> None:
     response = client.post(COMPLETIONS, json={"prompt": ["fine", "word " * 200], "max_tokens": 2})
     assert response.status_code == 400
@@ -141,7 +179,7 @@ async def test_a_failed_echo_closes_the_started_streams(
         raise StageUnavailableError("The tokenizer stage failed during the request.", code="stage_unavailable")
 
     monkeypatch.setattr(services.tokenizer, "detokenize", lost)  # the tokenizer stage is the session's
-    request = CompletionRequest(model="tiny-chat", prompt=["a", "b"], echo=True, max_tokens=2)
+    request = CompletionRequest(model="tiny-chat", prompt=[[5, 6], [7]], echo=True, max_tokens=2)  # ids: decoded
     # The raised error's traceback keeps the request's frame, and so its streams, alive: they must have
     # been closed by the code, not by the garbage collector.
     with pytest.raises(StageUnavailableError):

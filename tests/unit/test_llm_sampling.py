@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -10,7 +14,7 @@ from vllm.sampling_params import RequestOutputKind
 
 from serve_app.errors import BadRequestError
 from serve_app.messages import SamplingSpec
-from serve_app.stages.llm import to_sampling_params
+from serve_app.stages.llm import sampling_defaults, to_sampling_params
 
 
 def test_to_sampling_params_maps_every_field() -> None:
@@ -81,3 +85,25 @@ def test_values_vllm_rejects_are_400(fields: dict[str, Any], words: str) -> None
         to_sampling_params(SamplingSpec(**{"max_tokens": 8, **fields}))
     assert info.value.status_code == 400
     assert words in info.value.message
+
+
+def test_defaults_fill_what_the_request_leaves_out() -> None:
+    defaults = {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05}
+    p = to_sampling_params(SamplingSpec(max_tokens=4, temperature=0.3, top_k=5), defaults=defaults)
+    assert (p.temperature, p.top_k) == (0.3, 5)  # the request's own values win
+    assert (p.top_p, p.repetition_penalty, p.min_p) == (0.9, 1.05, 0.0)
+
+
+@pytest.mark.parametrize(("source", "expected"), [("auto", {"temperature": 0.6, "top_p": 0.9}), ("vllm", {})])
+def test_sampling_defaults_come_from_the_models_generation_config(
+    tiny_model_path: Path, tmp_path: Path, source: str, expected: dict[str, Any]
+) -> None:
+    from vllm.config import ModelConfig
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_path, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    config.update(temperature=0.6, top_p=0.9, max_new_tokens=50)  # as Llama 3.1 Instruct's, plus a budget
+    (model / "generation_config.json").write_text(json.dumps(config))
+    engine = SimpleNamespace(model_config=ModelConfig(model=str(model), generation_config=source))
+    assert sampling_defaults(engine) == expected  # its max_new_tokens is not a default budget here

@@ -102,12 +102,24 @@ def test_a_format_that_cannot_carry_the_models_rate_is_a_400(
     assert client.post(SPEECH, json=body(response_format="flac")).status_code == 200
 
 
-def test_sse_events(speech_client: TestClient, sse_events: Any) -> None:
-    response = speech_client.post(SPEECH, json=body(stream=True, stream_format="sse"))
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "sse alone, as OpenAI's API"])
+def test_sse_events(speech_client: TestClient, sse_events: Any, stream: bool) -> None:
+    response = speech_client.post(SPEECH, json=body(stream=stream, stream_format="sse"))
+    assert response.headers["content-type"].startswith("text/event-stream")
     events = [e for e in sse_events(response.text) if e != "[DONE]"]
     assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
     assert events[-1]["type"] == "speech.audio.done"
     assert events[-1]["usage"]["output_tokens"] == TOKENS
+    assert events[-1]["finish_reason"] == "length"  # the fake talker never stops: cut at the audio cap
+
+
+@pytest.mark.parametrize("reason", ["length", "stop"])
+def test_the_finish_reason_says_whether_the_audio_was_cut(
+    speech_client: TestClient, talker: FakeTalker, reason: str
+) -> None:
+    talker.finish_reason = reason
+    response = speech_client.post(SPEECH, json=body(response_format="wav"))
+    assert response.headers["x-finish-reason"] == reason
 
 
 async def test_an_abandoned_stream_frees_its_encoder(

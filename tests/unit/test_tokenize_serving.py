@@ -17,6 +17,12 @@ def test_tokenize_prompt(client: TestClient, hf_tokenizer: Any, fake_llm: Any) -
     assert fake_llm.requests == []
 
 
+def test_tokenize_returns_token_strs_when_asked(client: TestClient, hf_tokenizer: Any) -> None:
+    body = client.post("/tokenize", json={"prompt": "Hello world", "return_token_strs": True}).json()
+    assert body["token_strs"] == hf_tokenizer.convert_ids_to_tokens(body["tokens"])
+    assert len(body["token_strs"]) == body["count"] > 1
+
+
 def test_tokenize_messages(client: TestClient, chat_ids: Any) -> None:
     body = client.post("/tokenize", json={"messages": MESSAGES}).json()
     assert body["tokens"] == chat_ids(MESSAGES)

@@ -108,7 +108,7 @@ BAD_PROMPTS = [
         "your request has 128 input tokens",
     ),
     (chat([user("word " * 200)]), "messages", CONTEXT, "maximum context length is 128 tokens"),
-    (ids(list(range(10)), max_tokens=119), "max_tokens", CONTEXT, "(119 > 128 - 10)"),
+    (ids(list(range(10)), max_tokens=129), "max_tokens", None, "max_tokens=129 cannot be greater than max_model_len"),
     (text(""), "prompt", None, "The prompt is empty."),
     (ids([5, 8000, 6]), "prompt", None, "Token id 8000 is out of vocabulary (size 8000)"),
     (ids([10**9]), "prompt", None, f"Token id {10**9} is out of vocabulary"),
@@ -164,7 +164,8 @@ def test_truncation_minus_one_means_max_model_len(tokenizer_stage: TokenizerStag
 
 
 @pytest.mark.parametrize(
-    ("length", "max_tokens", "room"), [(10, None, 118), (10, 1, 1), (10, 118, 118), (127, None, 1)]
+    ("length", "max_tokens", "room"),
+    [(10, None, 118), (10, 1, 1), (10, 118, 118), (127, None, 1), (10, 119, 118), (100, 128, 28)],
 )
 def test_max_tokens(tokenizer_stage: TokenizerStage, length: int, max_tokens: int | None, room: int) -> None:
     assert tokenizer_stage.tokenize_sync(ids(list(range(length)), max_tokens=max_tokens)).max_tokens == room

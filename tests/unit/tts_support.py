@@ -66,6 +66,7 @@ class FakeTalker:
         self.layout = layout
         self.requests: list[GenerateRequest] = []
         self.closed = 0
+        self.finish_reason = "length"  # of its last chunk: "stop" for a talker that ends on its own
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         self.requests.append(request)
@@ -74,7 +75,7 @@ class FakeTalker:
             for start in range(0, total, 5):
                 ids = [self.layout.audio_offset + (k % 7) * 4096 + k for k in range(start, min(start + 5, total))]
                 last = start + 5 >= total
-                yield GenerationChunk([ChoiceDelta(0, "", ids, "length" if last else None)], 10, last)
+                yield GenerationChunk([ChoiceDelta(0, "", ids, self.finish_reason if last else None)], 10, last)
                 await asyncio.sleep(0)
         except GeneratorExit:
             self.closed += 1

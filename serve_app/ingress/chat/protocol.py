@@ -18,7 +18,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     @model_validator(mode="after")
     def _chat_fields(self) -> ChatCompletionRequest:
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # 0 without logprobs asks for nothing: allowed, as by vLLM
             raise ValueError("top_logprobs requires logprobs to be true")
         if self.max_completion_tokens is not None:
             self.max_tokens = self.max_completion_tokens

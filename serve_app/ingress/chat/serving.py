@@ -91,11 +91,9 @@ async def create_chat_completion(
 
 async def _events(request: ChatCompletionRequest, stream: Stream, model: str) -> AsyncGenerator[dict[str, Any], None]:
     created = int(time.time())
-    options = request.stream_options
-    include_usage = bool(options and options.include_usage)
-    continuous = bool(options and options.continuous_usage_stats)
+    include_usage, continuous = request.usage_in_stream()
     prompt_tokens = stream.num_prompt_tokens
-    completion_tokens = 0
+    generated_by = [0] * request.n  # tokens of each choice so far
     running = request.n  # choices not finished: the payload that finishes the last one is the last
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -105,10 +103,10 @@ async def _events(request: ChatCompletionRequest, stream: Stream, model: str) ->
     for i in range(request.n):
         first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                  "finish_reason": None}  # fmt: skip
-        yield chunk([first])
+        yield chunk([first], **({"usage": usage(prompt_tokens, 0)} if continuous else {}))
     async for generated in stream.chunks():
         for delta in generated.deltas:
-            completion_tokens += len(delta.token_ids)
+            generated_by[delta.index] += len(delta.token_ids)
             choice = {
                 "index": delta.index,
                 "delta": {"content": delta.text} if delta.text else {},
@@ -118,8 +116,9 @@ async def _events(request: ChatCompletionRequest, stream: Stream, model: str) ->
             if delta.finish_reason is not None:
                 choice["stop_reason"] = delta.stop_reason
                 running -= 1
-            extra = {"usage": usage(prompt_tokens, completion_tokens)} if continuous else {}
+            # As vLLM: the usage so far of the choice this chunk is of.
+            extra = {"usage": usage(prompt_tokens, generated_by[delta.index])} if continuous else {}
             payload = chunk([choice], **extra)
             yield sse.Last(payload) if running == 0 and not include_usage else payload
     if include_usage:
-        yield sse.Last(chunk([], usage=usage(prompt_tokens, completion_tokens)))
+        yield sse.Last(chunk([], usage=usage(prompt_tokens, sum(generated_by))))

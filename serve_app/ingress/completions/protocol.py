@@ -6,9 +6,13 @@ from pydantic import Field, model_validator
 
 from serve_app.ingress.protocol import INT64_MAX, SamplingRequest
 
+# OpenAI's and vLLM's budget for a completion that sets none (chat's is what the context leaves).
+DEFAULT_MAX_TOKENS = 16
+
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, ge=1, le=INT64_MAX, description="null: the room left.")
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=INT64_MAX)

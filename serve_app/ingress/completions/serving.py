@@ -42,7 +42,8 @@ class _Offsets:
         return {
             "tokens": [t.token for t in items],
             "token_logprobs": [t.logprob for t in items],
-            "top_logprobs": [{a: b for a, b, _ in t.top} for t in items],
+            # The legacy API's k + 1: the sampled token first, then the k most likely (vLLM's order).
+            "top_logprobs": [{t.token: t.logprob, **{a: b for a, b, _ in t.top}} for t in items],
             "text_offset": offsets,
         }
 
@@ -58,7 +59,7 @@ async def create_completion(services: Services, request: CompletionRequest, dead
     start = time.perf_counter()
     streams = await _start_all(services, request, prompts, request_id, deadline)
     try:
-        echoes = await _echo_texts(services, request, streams)
+        echoes = await _echo_texts(services, request, prompts, streams)
     except BaseException:
         await _close_all(streams)  # past the deadline, or the tokenizer stage lost: the engine stops too
         raise
@@ -132,11 +133,19 @@ async def _close_all(streams: list[Stream]) -> None:
     await asyncio.gather(*(s.close() for s in streams))
 
 
-async def _echo_texts(services: Services, request: CompletionRequest, streams: list[Stream]) -> list[str]:
+async def _echo_texts(
+    services: Services, request: CompletionRequest, prompts: list[str | list[int]], streams: list[Stream]
+) -> list[str]:
+    """The prompts as `echo` returns them: a text prompt as sent (as vLLM: not its tokens decoded, which
+    would add the special tokens the tokenizer put around it), token ids decoded."""
     if not request.echo:
         return [""] * len(streams)
+
+    async def echo(prompt: str | list[int], stream: Stream) -> str:
+        return prompt if isinstance(prompt, str) else await services.tokenizer.detokenize(stream.prompt_token_ids)
+
     async with within(streams[0].deadline, "tokenizer", services.metrics.rejections):
-        return list(await asyncio.gather(*(services.tokenizer.detokenize(s.prompt_token_ids) for s in streams)))
+        return list(await asyncio.gather(*(echo(p, s) for p, s in zip(prompts, streams, strict=True))))
 
 
 async def _events(
@@ -144,10 +153,8 @@ async def _events(
 ) -> AsyncGenerator[dict[str, Any], None]:
     created = int(time.time())
     n = request.n
-    options = request.stream_options
-    include_usage = bool(options and options.include_usage)
-    prompt_tokens = sum(s.num_prompt_tokens for s in streams)
-    completion_tokens = 0
+    include_usage, continuous = request.usage_in_stream()
+    generated_by = [0] * (n * len(streams))  # tokens of each choice so far
     offsets = [_Offsets() for _ in range(n * len(streams))]
     echoed = [not request.echo] * (n * len(streams))
     running = n * len(streams)  # choices not finished: the payload that finishes the last one is the last
@@ -156,7 +163,7 @@ async def _events(
         async for p, chunk in merged:
             for delta in chunk.deltas:
                 index = p * n + delta.index
-                completion_tokens += len(delta.token_ids)
+                generated_by[index] += len(delta.token_ids)
                 text = delta.text if echoed[index] else echoes[p] + delta.text
                 echoed[index] = True
                 choice = {
@@ -170,7 +177,10 @@ async def _events(
                     running -= 1
                 payload = {"id": request_id, "object": "text_completion", "created": created, "model": model,
                            "choices": [choice]}  # fmt: skip
+                if continuous:  # as vLLM: the usage so far of this choice and its prompt
+                    payload["usage"] = usage(streams[p].num_prompt_tokens, generated_by[index])
                 yield sse.Last(payload) if running == 0 and not include_usage else payload
     if include_usage:
+        prompt_tokens = sum(s.num_prompt_tokens for s in streams)
         yield sse.Last({"id": request_id, "object": "text_completion", "created": created, "model": model,
-                        "choices": [], "usage": usage(prompt_tokens, completion_tokens)})  # fmt: skip
+                        "choices": [], "usage": usage(prompt_tokens, sum(generated_by))})  # fmt: skip

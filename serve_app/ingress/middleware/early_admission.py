@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from serve_app.config import LimitsConfig
 from serve_app.errors import BadRequestError, OpenAIError, OverloadedError
+from serve_app.ingress.completions.protocol import DEFAULT_MAX_TOKENS
 from serve_app.ingress.middleware.paths import route_path
 from serve_app.ingress.pipeline.deadline import HEADER, arrival, request_deadline
 from serve_app.ingress.pipeline.inline_tokenizer import content_chars
@@ -76,7 +77,8 @@ class Weight:
 def weigh(path: str, body: dict[str, Any]) -> Weight | None:
     """The first prompt of a chat or completion body, or None when the body is not of a shape the route
     accepts (the route will say what is wrong)."""
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    unset = None if path == "/v1/chat/completions" else DEFAULT_MAX_TOKENS
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", unset))
     n = body.get("n", 1)
     truncating = body.get("truncate_prompt_tokens") is not None
     if not (max_tokens is None or _is_positive_int(max_tokens)) or not _is_positive_int(n):

@@ -56,6 +56,7 @@ class Stream:
     timings: dict[str, float] = field(default_factory=dict)
     generated_tokens: int = 0
     deadline: Deadline | None = None
+    finish_reason: str | None = None  # the last one a choice ended with, once the stream was read
 
     async def chunks(self) -> AsyncIterator[GenerationChunk]:
         generated = self.metrics.tokens.labels("generated")
@@ -63,6 +64,7 @@ class Stream:
         while chunk is not None:
             count = sum(len(d.token_ids) for d in chunk.deltas)
             self.generated_tokens += count
+            self.finish_reason = next((d.finish_reason for d in chunk.deltas if d.finish_reason), self.finish_reason)
             generated.inc(count)
             if chunk.finished:
                 # The call's end is read before its last chunk is passed on: a consumer that stops at the

@@ -25,9 +25,14 @@ class SpeechRequest(OpenAIRequest):
     stream: bool = Field(default=False, description="Send audio as it is produced (chunked transfer).")
     stream_format: Literal["audio", "sse"] = Field(
         default="audio",
-        description="With `stream`: raw audio bytes, or SSE `speech.audio.delta` events with base64 audio.",
+        description="Raw audio bytes (streamed with `stream`), or SSE `speech.audio.delta` events with base64 "
+        "audio, which stream with or without `stream` (OpenAI's API has no `stream` field: `sse` alone asks for them).",
     )
     instructions: str | None = None
+
+    def streams(self) -> bool:
+        """Whether the audio goes out as it is made."""
+        return self.stream or self.stream_format == "sse"
 
     @field_validator("input")
     @classmethod

@@ -128,12 +128,13 @@ async def create_speech(services: Services, request: SpeechRequest, deadline: De
         raise
     headers = timing_headers(stream.timings) | {"X-Audio-Sample-Rate": str(tts.sample_rate)}
     media_type = RESPONSE_FORMATS[request.response_format]
-    if not request.stream:
+    if not request.streams():
         try:
             async with aclosing(_encoded(first, audio, request.response_format, tts.sample_rate, whole=True)) as file:
                 body = b"".join([piece async for piece in file])
         finally:
             await finish()
+        headers["X-Finish-Reason"] = str(stream.finish_reason)  # `length`: cut at the audio cap
         return Response(body, media_type=media_type, headers=headers)
     if request.stream_format == "sse":
         events = sse.encode(_sse_events(first, audio, stream, finish, request.response_format, tts.sample_rate))
@@ -290,4 +291,5 @@ async def _sse_events(
     finally:
         await finish()
     tokens = {"input_tokens": stream.num_prompt_tokens, "output_tokens": stream.generated_tokens}
-    yield sse.Last({"type": "speech.audio.done", "usage": tokens | {"total_tokens": sum(tokens.values())}})
+    usage = tokens | {"total_tokens": sum(tokens.values())}
+    yield sse.Last({"type": "speech.audio.done", "usage": usage, "finish_reason": stream.finish_reason})

@@ -15,6 +15,7 @@ class TokenizeRequest(OpenAIRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: ChatTemplateKwargs | None = None
+    return_token_strs: bool = Field(default=False, description="Each token's string in `token_strs` too.")
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:

@@ -31,10 +31,15 @@ async def tokenize(services: Services, request: TokenizeRequest) -> TokenizeResp
         add_special = request.add_special_tokens is not False
     with services.metrics.stage_in_flight.labels("tokenizer").track_inprogress():
         result = await services.tokenizer.tokenize(
-            messages.TokenizeRequest(prompt, add_special_tokens=add_special, check_context=False)
+            messages.TokenizeRequest(
+                prompt, add_special_tokens=add_special, check_context=False, token_strs=request.return_token_strs
+            )
         )
     return TokenizeResponse(
-        count=len(result.token_ids), max_model_len=services.args.model.max_model_len, tokens=result.token_ids
+        count=len(result.token_ids),
+        max_model_len=services.args.model.max_model_len,
+        tokens=result.token_ids,
+        token_strs=result.token_strs,
     )
 
 
