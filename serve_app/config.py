@@ -72,9 +72,9 @@ class LimitsConfig(Strict):
         default=None,
         ge=1,
         le=10_000_000,
-        description="Largest `max_tokens`/`max_completion_tokens` accepted (400 above), and the budget of a "
-        "request that gives none; unset: what the context leaves after the prompt (prompts themselves are "
-        "bounded by `model.max_model_len`).",
+        description="Largest `max_tokens`/`max_completion_tokens` accepted (400 above), and the most a request "
+        "that gives none generates (its route's default otherwise: 16 for completions, what the context leaves "
+        "after the prompt for chat); unset: no cap but the context (`model.max_model_len`).",
     )
     request_timeout_s: float | None = Field(
         default=None,

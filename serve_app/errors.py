@@ -66,6 +66,16 @@ class BadRequestError(OpenAIError):
             code="context_length_exceeded",
         )
 
+    @classmethod
+    def budget_past_context(cls, max_tokens: int, max_model_len: int, param: str) -> BadRequestError:
+        """A generation budget no prompt leaves room for (vLLM's words); one past the room a prompt leaves
+        is cut to that room instead, as in vLLM 0.32."""
+        return cls(
+            f"{param}={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens.",
+            param=param,
+        )
+
 
 class AuthenticationError(OpenAIError):
     status_code = 401

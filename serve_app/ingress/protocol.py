@@ -97,7 +97,7 @@ class SamplingRequest(OpenAIRequest):
         "and the stages before the engine treat every priority alike.",
     )  # fmt: skip
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = Field(
-        default=None, description="Keep only the last k prompt tokens; -1 keeps the last max_model_len."
+        default=None, description="Keep only the last k prompt tokens; -1 the last max_model_len - 1 (vLLM's)."
     )
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -119,6 +119,11 @@ class SamplingRequest(OpenAIRequest):
         (vLLM: `continuous_usage_stats` only together with `include_usage`)."""
         options = self.stream_options or StreamOptions()
         return options.include_usage, options.include_usage and options.continuous_usage_stats
+
+    @property
+    def budget_param(self) -> str:
+        """The field the client set `max_tokens` with, for errors that name it."""
+        return "max_tokens"
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

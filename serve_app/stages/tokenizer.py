@@ -263,8 +263,8 @@ class TokenizerStage:
         if request.image_tokens:
             # Cutting the prompt could cut an image's placeholder and leave its pixels unmatched.
             raise BadRequestError("truncate_prompt_tokens cannot be used with images.", param="truncate_prompt_tokens")
-        if keep == -1:
-            keep = self.max_model_len
+        if keep == -1:  # as vLLM: the context less one token, so that one can still be generated
+            keep = self.max_model_len - 1
         if keep > self.max_model_len:
             raise BadRequestError(
                 f"truncate_prompt_tokens ({keep}) cannot exceed max_model_len ({self.max_model_len}).",
@@ -283,10 +283,6 @@ class TokenizerStage:
             return room
         # As vLLM 0.32 (`get_max_tokens`, `TokenizeParams`): a budget past the context is a 400, one past
         # the room this prompt leaves is cut to that room (a client that always asks for a large budget).
-        if request.max_tokens > self.max_model_len:
-            raise BadRequestError(
-                f"max_tokens={request.max_tokens} cannot be greater than max_model_len={self.max_model_len}. "
-                "Please request fewer output tokens.",
-                param="max_tokens",
-            )
+        if request.max_tokens > self.max_model_len:  # the ingress's check too (`validation.check_limits`)
+            raise BadRequestError.budget_past_context(request.max_tokens, self.max_model_len, "max_tokens")
         return min(request.max_tokens, room)

@@ -56,6 +56,8 @@ BAD_REQUESTS = [
     (CHAT, {"messages": [{"role": "user", "content": [IMAGE]}]}, "messages"),
     (CHAT, {"messages": [{"role": "user", "content": "word " * 200}]}, "messages"),
     (CHAT, {"messages": HI, "max_tokens": 1000}, "max_tokens"),
+    (CHAT, {"messages": HI, "max_completion_tokens": 129}, "max_completion_tokens"),
+    ("/v1/completions", {"prompt": "word " * 200, "max_tokens": 129}, "max_tokens"),  # before the prompt's length
     (CHAT, {"messages": HI, "logprobs": True, "top_logprobs": 6}, "logprobs"),
     (CHAT, {"messages": HI, "top_logprobs": 2}, None),
     (CHAT, {"messages": HI, "truncate_prompt_tokens": 0}, None),
@@ -94,7 +96,8 @@ def test_bad_requests_are_400_openai_errors(
 )
 def test_what_vllm_accepts_is_accepted(client: TestClient, fake_llm: Any, fields: dict[str, Any]) -> None:
     assert client.post(CHAT, json={"messages": HI, **fields}).status_code == 200
-    assert len(fake_llm.requests) == 1
+    [request] = fake_llm.requests
+    assert request.sampling.max_tokens == 128 - len(request.prompt_token_ids)  # the room: the default, or cut to it
 
 
 def test_context_errors_carry_their_code(client: TestClient) -> None:

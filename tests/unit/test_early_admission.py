@@ -26,10 +26,10 @@ def test_weigh_reads_the_first_prompt_and_the_generation_budget() -> None:
     assert weigh("/v1/chat/completions", chat) == Weight(8, None, 7, 2, False, "messages")
     prompts = {"prompt": ["four", "longer"], "max_tokens": 3, "truncate_prompt_tokens": 2}
     assert weigh("/v1/completions", prompts) == Weight(4, None, 3, 1, True, "prompt")
-    # A completion without max_tokens generates 16 (its route's default); with null, the room left.
+    # A completion without max_tokens, or with null, generates 16 (its route's default); a chat, the room left.
     assert weigh("/v1/completions", {"prompt": [1, 2, 3]}) == Weight(0, 3, 16, 1, False, "prompt")
     assert weigh("/v1/completions", {"prompt": [[1, 2], [3]]}) == Weight(0, 2, 16, 1, False, "prompt")
-    assert weigh("/v1/completions", {"prompt": "ab", "max_tokens": None}) == Weight(2, None, None, 1, False, "prompt")
+    assert weigh("/v1/completions", {"prompt": "ab", "max_tokens": None}) == Weight(2, None, 16, 1, False, "prompt")
     assert weigh("/v1/chat/completions", {"messages": []}) == Weight(0, None, None, 1, False, "messages")
 
 

@@ -124,10 +124,11 @@ async def gate(tmp_path: Path) -> AsyncIterator[tuple[str, Path]]:
 
 
 async def burst(
-    url: str, model: str, max_tokens: int, count: int, path: str = "/v1/completions", **fields: Any
+    url: str, model: str, tokens: int | None, count: int, path: str = "/v1/completions", **fields: Any
 ) -> Counter[tuple[int, str | None]]:
     async with httpx.AsyncClient(timeout=30) as client:
-        body = {"model": model, "prompt": "hi", "max_tokens": max_tokens, **fields}
+        budget = {} if tokens is None else {"max_tokens": tokens}
+        body = {"model": model, "prompt": "hi", **budget, **fields}
         responses = await asyncio.gather(*(client.post(f"{url}{path}", json=body) for _ in range(count)))
     for response in responses:
         if response.status_code != 200:
@@ -148,6 +149,9 @@ async def test_the_gate_refuses_what_the_engine_cannot_clear_and_passes_the_rest
     assert await burst(url, name, 100, 12) == {(200, None): 4, (429, "7"): 8}
     assert RefusalCounts().new(await publish(socket, by_map)) == {name: 8}  # what the ingress counts
     assert await burst(url, name, 1, 60) == {(200, None): 60}  # one-token requests: 256 fit
+    # A completion without max_tokens weighs its default, 16 (fits 28: slot 16); with null it is not weighed.
+    assert await burst(url, name, None, 40) == await burst(url, name, 16, 40) == {(200, None): 16, (429, "7"): 24}
+    assert await burst(url, name, None, 40, max_tokens=None) == {(200, None): 40}
     assert await burst(url, "another-model", 100, 12) == {(200, None): 12}
     # Chat's max_completion_tokens wins over max_tokens, as in the ingress; `n` multiplies.
     chat = "/v1/chat/completions"

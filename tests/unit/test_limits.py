@@ -26,8 +26,8 @@ def test_max_tokens_over_the_cap_is_a_400(capped: TestClient, fake_llm: FakeLLM)
     for field in ("max_tokens", "max_completion_tokens"):
         response = capped.post(CHAT, json={"messages": HI, field: 11})
         assert response.status_code == 400
-        assert response.json()["error"]["param"] == "max_tokens"
-        assert response.json()["error"]["message"] == "max_tokens must be at most 10, got 11."
+        assert response.json()["error"]["param"] == field  # the field the client sent, as vLLM names it
+        assert response.json()["error"]["message"] == f"{field} must be at most 10, got 11."
     response = capped.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 11})
     assert response.status_code == 400
     assert fake_llm.requests == []
@@ -38,6 +38,13 @@ def test_the_cap_is_the_budget_of_requests_that_set_none(capped: TestClient, fak
     assert capped.post(CHAT, json={"messages": HI, "max_tokens": 10}).status_code == 200
     assert capped.post(CHAT, json={"messages": HI, "max_tokens": 3}).status_code == 200
     assert [r.sampling.max_tokens for r in fake_llm.requests] == [10, 10, 3]
+
+
+def test_a_default_budget_over_the_cap_is_cut_to_it(raw_args: dict[str, Any], services: Services) -> None:
+    services.args = parse_app_args(raw_args | {"limits": raw_args["limits"] | {"max_tokens": 8}})
+    client = TestClient(create_app(services))
+    for body in ({"prompt": "Hi"}, {"prompt": "Hi", "max_tokens": None}):  # completions' 16, not asked for
+        assert client.post("/v1/completions", json=body).json()["usage"]["completion_tokens"] == 8
 
 
 def test_without_a_cap_the_budget_is_what_the_context_leaves(client: TestClient, fake_llm: FakeLLM) -> None:

@@ -120,6 +120,13 @@ async def test_chunks_are_converted() -> None:
     assert (params.n, params.max_tokens, params.output_kind) == (2, 8, RequestOutputKind.DELTA)
 
 
+async def test_the_models_sampling_defaults_reach_the_engine() -> None:
+    engine = FakeEngine([request_output(completion(0, "a", [5], "length"), finished=True)])
+    await collect(LLMStage(engine, defaults={"temperature": 0.6, "top_p": 0.9}), request(top_p=0.5))
+    [(_, params, _)] = engine.calls
+    assert (params.temperature, params.top_p) == (0.6, 0.5)  # left out: the model's; given: the request's
+
+
 async def test_images_go_to_the_engine_as_a_raw_prompt_for_its_multimodal_processor() -> None:
     engine = FakeEngine([request_output(completion(0, "a", [5], "length"), finished=True)])
     pixels = np.zeros((2, 2, 3), np.uint8)

@@ -101,12 +101,7 @@ BAD_PROMPTS = [
     (ids([5, 6], truncate_prompt_tokens=129), "truncate_prompt_tokens", None, "(129) cannot exceed"),
     (ids(list(range(128))), "prompt", CONTEXT, "maximum context length is 128 tokens. However, your request"),
     (ids(list(range(500))), "prompt", CONTEXT, "your request has 500 input tokens"),
-    (
-        ids(list(range(200)), truncate_prompt_tokens=-1),
-        "prompt",
-        CONTEXT,
-        "your request has 128 input tokens",
-    ),
+    (ids(list(range(200)), truncate_prompt_tokens=128), "prompt", CONTEXT, "your request has 128 input tokens"),
     (chat([user("word " * 200)]), "messages", CONTEXT, "maximum context length is 128 tokens"),
     (ids(list(range(10)), max_tokens=129), "max_tokens", None, "max_tokens=129 cannot be greater than max_model_len"),
     (text(""), "prompt", None, "The prompt is empty."),
@@ -157,10 +152,10 @@ def test_truncation_of_text(tokenizer_stage: TokenizerStage, hf_tokenizer: Any) 
     assert tokenizer_stage.tokenize_sync(text(sentence, truncate_prompt_tokens=7)).token_ids == full[-7:]
 
 
-def test_truncation_minus_one_means_max_model_len(tokenizer_stage: TokenizerStage) -> None:
+def test_truncation_minus_one_leaves_one_token_of_context(tokenizer_stage: TokenizerStage) -> None:
     prompt = list(range(1000, 1200))
-    result = tokenizer_stage.tokenize_sync(ids(prompt, truncate_prompt_tokens=-1, check_context=False))
-    assert result.token_ids == prompt[-128:]
+    result = tokenizer_stage.tokenize_sync(ids(prompt, truncate_prompt_tokens=-1))
+    assert (result.token_ids, result.max_tokens) == (prompt[-127:], 1)  # as vLLM: one token can be generated
 
 
 @pytest.mark.parametrize(

@@ -24,5 +24,9 @@ class ChatCompletionRequest(SamplingRequest):
             self.max_tokens = self.max_completion_tokens
         return self
 
+    @property
+    def budget_param(self) -> str:
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
+
     def logprobs_k(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from serve_app.ingress.protocol import INT64_MAX, SamplingRequest
@@ -12,12 +14,20 @@ DEFAULT_MAX_TOKENS = 16
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, ge=1, le=INT64_MAX, description="null: the room left.")
+    max_tokens: int | None = Field(default=DEFAULT_MAX_TOKENS, ge=1, le=INT64_MAX)
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=INT64_MAX)
     suffix: str | None = None
     add_special_tokens: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_max_tokens(cls, data: Any) -> Any:
+        """`"max_tokens": null` is the default too, as in vLLM (left unset, so no limit names it)."""
+        if isinstance(data, dict) and "max_tokens" in data and data["max_tokens"] is None:
+            return {k: v for k, v in data.items() if k != "max_tokens"}
+        return data
 
     @model_validator(mode="after")
     def _completion_fields(self) -> CompletionRequest:

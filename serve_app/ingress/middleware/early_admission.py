@@ -77,8 +77,9 @@ class Weight:
 def weigh(path: str, body: dict[str, Any]) -> Weight | None:
     """The first prompt of a chat or completion body, or None when the body is not of a shape the route
     accepts (the route will say what is wrong)."""
-    unset = None if path == "/v1/chat/completions" else DEFAULT_MAX_TOKENS
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", unset))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is None and path == "/v1/completions":
+        max_tokens = DEFAULT_MAX_TOKENS  # its route's budget when unset or null
     n = body.get("n", 1)
     truncating = body.get("truncate_prompt_tokens") is not None
     if not (max_tokens is None or _is_positive_int(max_tokens)) or not _is_positive_int(n):
@@ -161,8 +162,8 @@ class EarlyAdmission:
         weight = weigh(path, body)
         if services is None or services.work is None or weight is None:
             return None
-        if weight.n > services.args.limits.max_n:
-            return None  # the route's 400 names `n`; weighed here, it could be refused as an overload
+        if weight.n > services.args.limits.max_n or (weight.max_tokens or 0) > services.args.model.max_model_len:
+            return None  # the route's 400 names `n` or the budget; weighed here, it could be refused as an overload
         deadline_s = _deadline_s(services.args.limits, scope)
         if deadline_s is not None and deadline_s <= 0:
             return None  # a passed deadline is the route's 504, not an overload

@@ -56,7 +56,7 @@ class Stream:
     timings: dict[str, float] = field(default_factory=dict)
     generated_tokens: int = 0
     deadline: Deadline | None = None
-    finish_reason: str | None = None  # the last one a choice ended with, once the stream was read
+    finish_reason: str | None = None  # why the last choice to end ended, once the stream was read
 
     async def chunks(self) -> AsyncIterator[GenerationChunk]:
         generated = self.metrics.tokens.labels("generated")
@@ -64,9 +64,9 @@ class Stream:
         while chunk is not None:
             count = sum(len(d.token_ids) for d in chunk.deltas)
             self.generated_tokens += count
-            self.finish_reason = next((d.finish_reason for d in chunk.deltas if d.finish_reason), self.finish_reason)
             generated.inc(count)
             if chunk.finished:
+                self.finish_reason = next((d.finish_reason for d in chunk.deltas if d.finish_reason), None)
                 # The call's end is read before its last chunk is passed on: a consumer that stops at the
                 # last chunk (an SSE stream sends it with [DONE] as the end of the body) then closes a call
                 # that has ended, instead of one Serve would cancel and the engine abort.

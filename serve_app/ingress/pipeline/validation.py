@@ -20,7 +20,13 @@ def check_limits(services: Services, request: SamplingRequest, logprobs: int | N
         raise BadRequestError(f"n must be at most {limits.max_n}, got {request.n}.", param="n")
     if logprobs is not None and logprobs > limits.max_logprobs:
         raise BadRequestError(f"logprobs must be at most {limits.max_logprobs}, got {logprobs}.", param="logprobs")
-    if limits.max_tokens is not None and request.max_tokens is not None and request.max_tokens > limits.max_tokens:
+    if request.max_tokens is None or "max_tokens" not in request.model_fields_set:
+        return  # a route's default budget is cut to `limits.max_tokens` (`generation.start_stream`), not refused
+    max_model_len = services.args.model.max_model_len
+    if request.max_tokens > max_model_len:  # before any tokenizing, as vLLM
+        raise BadRequestError.budget_past_context(request.max_tokens, max_model_len, request.budget_param)
+    if limits.max_tokens is not None and request.max_tokens > limits.max_tokens:
         raise BadRequestError(
-            f"max_tokens must be at most {limits.max_tokens}, got {request.max_tokens}.", param="max_tokens"
+            f"{request.budget_param} must be at most {limits.max_tokens}, got {request.max_tokens}.",
+            param=request.budget_param,
         )

@@ -134,7 +134,8 @@ async def create_speech(services: Services, request: SpeechRequest, deadline: De
                 body = b"".join([piece async for piece in file])
         finally:
             await finish()
-        headers["X-Finish-Reason"] = str(stream.finish_reason)  # `length`: cut at the audio cap
+        if stream.finish_reason is not None:
+            headers["X-Finish-Reason"] = stream.finish_reason  # `length`: cut at the audio cap
         return Response(body, media_type=media_type, headers=headers)
     if request.stream_format == "sse":
         events = sse.encode(_sse_events(first, audio, stream, finish, request.response_format, tts.sample_rate))
