@@ -289,7 +289,8 @@ class AdmissionConfig(Strict):
         gt=0.0,
         le=1e9,
         description="Tokens per second the engine generates over its whole batch when saturated; with "
-        "`prefill_tokens_per_s`. A request weighs its `max_tokens` (what the context leaves, when it gives none).",
+        "`prefill_tokens_per_s`. A request weighs its `max_tokens` (when it gives none, a chat what the context "
+        "leaves, a completion 16, speech its audio cap).",
     )
     max_wait_s: float = Field(
         default=10.0,

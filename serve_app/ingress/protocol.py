@@ -97,7 +97,7 @@ class SamplingRequest(OpenAIRequest):
         "and the stages before the engine treat every priority alike.",
     )  # fmt: skip
     truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = Field(
-        default=None, description="Keep only the last k prompt tokens; -1 the last max_model_len - 1 (vLLM's)."
+        default=None, description="Keep only the last k prompt tokens; -1: max_model_len - 1, leaving room for one."
     )
     stream: bool = False
     stream_options: StreamOptions | None = None

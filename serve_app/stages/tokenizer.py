@@ -263,7 +263,7 @@ class TokenizerStage:
         if request.image_tokens:
             # Cutting the prompt could cut an image's placeholder and leave its pixels unmatched.
             raise BadRequestError("truncate_prompt_tokens cannot be used with images.", param="truncate_prompt_tokens")
-        if keep == -1:  # as vLLM: the context less one token, so that one can still be generated
+        if keep == -1:  # the context less one token, so that one can still be generated (vLLM: with a budget)
             keep = self.max_model_len - 1
         if keep > self.max_model_len:
             raise BadRequestError(

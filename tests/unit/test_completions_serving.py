@@ -71,7 +71,7 @@ def test_echo_gives_a_text_prompt_as_sent_and_decodes_token_ids(
 
     monkeypatch.setattr(services.tokenizer, "detokenize", decoded)
     for prompt, echoed in (["Hello  world", "Bye"], ["Hello  world", "Bye"]), ([[5, 6], [7]], ["<s>[5, 6]", "<s>[7]"]):
-        body = {"prompt": prompt, "echo": True, "max_tokens": 1}
+        body = {"prompt": prompt, "echo": True, "max_tokens": 1, "truncate_prompt_tokens": 1}  # echoed whole
         assert [c["text"] for c in client.post(COMPLETIONS, json=body).json()["choices"]] == [e + "a" for e in echoed]
 
 

@@ -152,6 +152,9 @@ async def test_the_gate_refuses_what_the_engine_cannot_clear_and_passes_the_rest
     # A completion without max_tokens weighs its default, 16 (fits 28: slot 16); with null it is not weighed.
     assert await burst(url, name, None, 40) == await burst(url, name, 16, 40) == {(200, None): 16, (429, "7"): 24}
     assert await burst(url, name, None, 40, max_tokens=None) == {(200, None): 40}
+    # Past HAProxy's 16 KB buffer, a max_tokens after the prompt is not seen: neither weighed nor defaulted.
+    assert await burst(url, name, None, 40, prompt="x" * 17_000) == {(200, None): 40}
+    assert await burst(url, name, 2000, 40, prompt="x" * 17_000) == {(200, None): 40}
     assert await burst(url, "another-model", 100, 12) == {(200, None): 12}
     # Chat's max_completion_tokens wins over max_tokens, as in the ingress; `n` multiplies.
     chat = "/v1/chat/completions"

@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 from starlette.requests import ClientDisconnect
 
 from serve_app.errors import DeadlineExceededError, ServiceUnavailableError
+from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import AudioChunk, VocodeRequest
 from serve_app.stages.tokenizer import TokenizerStage
@@ -52,6 +53,21 @@ def test_prompt_follows_the_orpheus_layout(
     assert request.sampling.audio_codes
     # 1 s + 12 chars x 0.05 s = 1.6 s of audio at most: 19 frames of 2048 samples at 24 kHz, 7 tokens each.
     assert request.sampling.max_tokens == TOKENS
+
+
+def test_admission_weighs_the_audio_cap_not_the_context(
+    speech_services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[Any] = []
+    tokenize = speech_services.tokenizer.tokenize
+
+    async def recording(request: Any) -> Any:
+        asked.append(request)
+        return await tokenize(request)
+
+    monkeypatch.setattr(speech_services.tokenizer, "tokenize", recording)
+    assert TestClient(create_app(speech_services)).post(SPEECH, json=body(response_format="pcm")).status_code == 200
+    assert [r.max_tokens for r in asked] == [TOKENS]  # what admission weighs before the tokenizer
 
 
 def test_chunks_carry_context_and_respect_the_credits(speech_client: TestClient, vocoder: FakeVocoder) -> None:

@@ -59,7 +59,7 @@ async def create_completion(services: Services, request: CompletionRequest, dead
     start = time.perf_counter()
     streams = await _start_all(services, request, prompts, request_id, deadline)
     try:
-        echoes = await _echo_texts(services, request, prompts, streams)
+        echoes = await _echo_texts(services, request, prompts, streams[0].deadline)
     except BaseException:
         await _close_all(streams)  # past the deadline, or the tokenizer stage lost: the engine stops too
         raise
@@ -134,18 +134,18 @@ async def _close_all(streams: list[Stream]) -> None:
 
 
 async def _echo_texts(
-    services: Services, request: CompletionRequest, prompts: list[str | list[int]], streams: list[Stream]
+    services: Services, request: CompletionRequest, prompts: list[str | list[int]], deadline: Deadline | None
 ) -> list[str]:
-    """The prompts as `echo` returns them: a text prompt as sent (as vLLM: not its tokens decoded, which
-    would add the special tokens the tokenizer put around it), token ids decoded."""
+    """The prompts as `echo` returns them, as vLLM: a text prompt as sent (not its tokens decoded, which
+    would add the special tokens the tokenizer put around it), token ids decoded, both before truncation."""
     if not request.echo:
-        return [""] * len(streams)
+        return [""] * len(prompts)
 
-    async def echo(prompt: str | list[int], stream: Stream) -> str:
-        return prompt if isinstance(prompt, str) else await services.tokenizer.detokenize(stream.prompt_token_ids)
+    async def echo(prompt: str | list[int]) -> str:
+        return prompt if isinstance(prompt, str) else await services.tokenizer.detokenize(prompt)  # untruncated
 
-    async with within(streams[0].deadline, "tokenizer", services.metrics.rejections):
-        return list(await asyncio.gather(*(echo(p, s) for p, s in zip(prompts, streams, strict=True))))
+    async with within(deadline, "tokenizer", services.metrics.rejections):
+        return list(await asyncio.gather(*(echo(p) for p in prompts)))
 
 
 async def _events(

@@ -10,11 +10,11 @@ engine clears in `max_wait_s`, is rounded down to a power of two, its *slot*; an
 when more requests of its model and slot are in flight than the slot. The ingress publishes those rates
 (the learned ones) into HAProxy's maps every second (`publisher.py`). What the gate does not weigh
 passes through untouched, to the ingress's exact admission: a model admitted by count, a chat request
-without `max_tokens` (or `max_completion_tokens`; a completion whose body does not name `max_tokens`
-weighs its default, 16), or with it or `n` outside [1, its cap] (the ingress's 400 to
-give, not an overload to retry), a body larger than HAProxy's buffer (`tune.bufsize`, 16 KB: the fields
-after it are not seen), and any other route but `GET /health`, answered here while the graph's health
-app's last stamp is green (`health_rules`). `n` multiplies a request's generated tokens, as in the
+without `max_tokens` (or `max_completion_tokens`; a completion whose whole body is in the buffer and
+does not name `max_tokens` weighs its default, 16), or with it or `n` outside [1, its cap] (the
+ingress's 400 to give, not an overload to retry), a body larger than HAProxy's buffer (`tune.bufsize`,
+16 KB: the fields after it are not seen), and any other route but `GET /health`, answered here while
+the graph's health app's last stamp is green (`health_rules`). `n` multiplies a request's generated tokens, as in the
 ingress. Body bytes stand for prompt characters, so images as base64 and escaped text weigh more here
 than there, and so does a `max_tokens` past the room its prompt leaves (the ingress cuts it to the room).
 
@@ -110,10 +110,12 @@ def rules(gate_dir: Path) -> str:
         "if { var(txn.sg_wait) -m int gt 0 }",
         "http-request set-var(txn.sg_max) req.body,json_query('$.max_tokens','int') "
         "if { var(txn.sg_wait) -m int gt 0 } !{ var(txn.sg_max) -m found }",
-        # A completion that sets none generates its route's default. Only a body without the word: a null,
-        # or a value that is no integer (the ingress's 400), is left to the ingress.
-        f"http-request set-var(txn.sg_max) int({DEFAULT_MAX_TOKENS}) if {{ var(txn.sg_wait) -m int gt 0 }} "
-        "{ path /v1/completions } !{ var(txn.sg_max) -m found } !{ req.body -m sub max_tokens }",
+        # A completion that sets none generates its route's default: a whole body (all of it in the buffer)
+        # without the word. A null or a value that is no integer (the ingress's 400) is left to the ingress.
+        "http-request set-var(txn.sg_size) req.body_size "
+        "if { var(txn.sg_wait) -m int gt 0 } !{ var(txn.sg_max) -m found }",
+        f"http-request set-var(txn.sg_max) int({DEFAULT_MAX_TOKENS}) if {{ path /v1/completions }} "
+        "{ var(txn.sg_size) -m found } { req.body_len,sub(txn.sg_size) -m int eq 0 } !{ req.body -m sub max_tokens }",
         # Out of range (the ingress's 400, not a refusal to retry): not weighed here.
         f"http-request set-var(txn.sg_cap) {lookup('max_tokens', 0)} {sized}",
         "http-request unset-var(txn.sg_max) if { var(txn.sg_max) -m int lt 1 }",

@@ -112,7 +112,9 @@ async def create_speech(services: Services, request: SpeechRequest, deadline: De
     try:
         cap = max_audio_tokens(tts, request.input)
         spec = speech_sampling(tts, cap)
-        tokenize = TokenizeRequest(SpeechPrompt(request.input, voice), add_special_tokens=True)
+        # Admission weighs the audio cap, not the whole context; the tokenizer cuts it to the room left.
+        budget = min(cap, services.args.model.max_model_len)
+        tokenize = TokenizeRequest(SpeechPrompt(request.input, voice), add_special_tokens=True, max_tokens=budget)
         stream = await start_generation(
             services, tokenize, lambda room: _capped(spec, room), new_request_id("speech"), deadline=deadline
         )
