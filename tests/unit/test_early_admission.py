@@ -169,17 +169,19 @@ async def test_a_prompt_that_cannot_fit_the_context_is_a_400_before_any_tokenizi
     assert services.work.live == 0
 
 
-async def test_an_n_past_the_limit_is_the_routes_400_not_an_overload(
-    gated: tuple[Services, CountingTokenizer, HeldLLM],
+@pytest.mark.parametrize("param", ["n", "max_tokens"])
+async def test_an_n_or_a_budget_past_the_limit_is_the_routes_400_not_an_overload(
+    gated: tuple[Services, CountingTokenizer, HeldLLM], param: str
 ) -> None:
     services, _, llm = gated
-    n = services.args.limits.max_n + 1  # weighed, its n x 40 tokens would not fit behind the held request
+    # Weighed, either would not fit behind the held request: n x 40 tokens, or the room a prompt leaves.
+    past = {"n": services.args.limits.max_n + 1, "max_tokens": services.args.model.max_model_len + 1}[param]
     transport = httpx.ASGITransport(app=create_app(services))
     async with httpx.AsyncClient(transport=transport, base_url="http://graph") as client:
         held = asyncio.create_task(client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 40}))
         while services.work is None or services.work.live == 0:
             await asyncio.sleep(0.01)
-        response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 40, "n": n})
+        response = await client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 40, param: past})
         llm.release.set()
         assert (await held).status_code == 200
-    assert response.status_code == 400 and response.json()["error"]["param"] == "n"
+    assert response.status_code == 400 and response.json()["error"]["param"] == param
