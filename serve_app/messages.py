@@ -143,6 +143,8 @@ class SamplingSpec:
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logprobs: int | None = None
+    # The prompt's own logprobs, this many alternatives a token (completions' `echo` with `logprobs`).
+    prompt_logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     # Speech: sample audio-code tokens only (the LLM stage knows which) and skip detokenizing them.
@@ -203,6 +205,9 @@ class GenerationChunk:
     # First chunk only: seconds from submitting to the engine to its first output (queue + prefill),
     # the engine's part of the time to first token.
     engine_ttft_s: float | None = None
+    # First chunk only, when the sampling asked for them: the logprobs of the prompt's tokens after its
+    # first (which has none), as the engine saw them.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @message

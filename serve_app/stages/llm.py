@@ -174,6 +174,7 @@ def to_sampling_params(
             ignore_eos=spec.ignore_eos,
             min_tokens=spec.min_tokens,
             logprobs=spec.logprobs,
+            prompt_logprobs=spec.prompt_logprobs,
             include_stop_str_in_output=spec.include_stop_str_in_output,
             skip_special_tokens=spec.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
@@ -230,7 +231,13 @@ def to_chunk(output: Any, spec: SamplingSpec, engine_ttft_s: float | None = None
                 logprobs=logprobs,
             )
         )
-    return GenerationChunk(deltas, len(output.prompt_token_ids or ()), output.finished, engine_ttft_s)
+    prompt_logprobs = None
+    if spec.prompt_logprobs is not None and output.prompt_logprobs:  # all of them in the first output
+        # vLLM's first entry is None: the first token has no logprob.
+        prompt_logprobs = _token_logprobs(
+            list(output.prompt_token_ids[1:]), list(output.prompt_logprobs[1:]), spec.prompt_logprobs
+        )
+    return GenerationChunk(deltas, len(output.prompt_token_ids or ()), output.finished, engine_ttft_s, prompt_logprobs)
 
 
 class LLMStage:

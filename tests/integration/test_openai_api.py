@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import httpx
+import pytest
 from ray import serve
 
 from load.graph_launcher import ray_setting
@@ -138,6 +139,24 @@ def test_what_vllm_serve_accepts_the_real_engine_runs(client: Any, reference_tok
                                      extra_body={"ignore_eos": True})  # fmt: skip
     assert long.usage.completion_tokens == room == len(long.choices[0].logprobs.top_logprobs)
     assert all(len(top) == 1 for top in long.choices[0].logprobs.top_logprobs)
+
+
+def test_echo_with_logprobs_scores_a_prompt_as_lm_eval_asks(client: Any, reference_tokenizer: Any) -> None:
+    # lm-eval-harness's loglikelihood request (token ids, echo, logprobs 1, one token), on the real engine:
+    # the prompt's logprobs are the engine's, so a greedy token appended to the prompt scores as it was sampled.
+    ids = reference_tokenizer.encode("The quick brown fox jumps")
+    greedy = client.completions.create(model="tiny-chat", prompt=ids, max_tokens=1, logprobs=1, temperature=0,
+                                       extra_body={"ignore_eos": True})  # fmt: skip
+    sampled = reference_tokenizer.encode(greedy.choices[0].text, add_special_tokens=False)
+    scored = client.completions.create(model="tiny-chat", prompt=ids + sampled, max_tokens=0, echo=True, logprobs=1)
+    logprobs = scored.choices[0].logprobs
+    assert len(logprobs.tokens) == len(ids) + len(sampled) == scored.usage.prompt_tokens  # the prompt alone
+    assert (logprobs.token_logprobs[0], logprobs.top_logprobs[0]) == (None, None)  # nothing predicts the first
+    assert logprobs.tokens[0] == reference_tokenizer.decode(ids[:1])
+    assert all(top[t] == lp for t, lp, top in zip(logprobs.tokens[1:], logprobs.token_logprobs[1:],
+                                                   logprobs.top_logprobs[1:], strict=True))  # fmt: skip
+    assert len(sampled) == 1  # the default model's greedy token here decodes and encodes back alike
+    assert logprobs.token_logprobs[-1] == pytest.approx(greedy.choices[0].logprobs.token_logprobs[0], abs=0.1)
 
 
 def test_tokenize_detokenize(graph: str, reference_tokenizer: Any) -> None:

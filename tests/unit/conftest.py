@@ -59,7 +59,9 @@ class FakeLLM:
     """An `LLMClient` that answers every request deterministically from the GenerateRequest.
 
     Each of the `n` choices gets `max_tokens` tokens "a", one per chunk; the last chunk has
-    finish_reason "length". With `logprobs=k` each token carries the first k of FAKE_CANDIDATES.
+    finish_reason "length". With `logprobs=k` each token carries the first k of FAKE_CANDIDATES; with
+    `prompt_logprobs=k` the first chunk carries each prompt token after the first as "<id>" at -1.0, with
+    the first k of FAKE_CANDIDATES.
     """
 
     def __init__(self) -> None:
@@ -77,6 +79,11 @@ class FakeLLM:
         logprobs = None
         if spec.logprobs is not None:
             logprobs = [TokenLogprob("a", -0.5, [97], FAKE_CANDIDATES[: spec.logprobs])]
+        prompt_logprobs = None
+        if spec.prompt_logprobs is not None:
+            top = FAKE_CANDIDATES[: spec.prompt_logprobs]
+            prompt_logprobs = [TokenLogprob(f"<{t}>", -1.0, list(f"<{t}>".encode()), top)
+                               for t in request.prompt_token_ids[1:]]  # fmt: skip
         try:
             for step in range(spec.max_tokens):
                 last = step == spec.max_tokens - 1
@@ -84,7 +91,8 @@ class FakeLLM:
                     ChoiceDelta(i, "a", [FAKE_TOKEN_ID], "length" if last else None, None, logprobs)
                     for i in range(spec.n)
                 ]
-                yield GenerationChunk(deltas, len(request.prompt_token_ids), last)
+                first = prompt_logprobs if step == 0 else None
+                yield GenerationChunk(deltas, len(request.prompt_token_ids), last, None, first)
         except GeneratorExit:
             self.closed.append(request.request_id)
             raise

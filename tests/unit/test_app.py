@@ -67,7 +67,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"prompt": []}, None),
     ("/v1/completions", {"prompt": "Hi", "suffix": "x"}, None),
-    ("/v1/completions", {"prompt": "Hi", "echo": True, "logprobs": 1}, None),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, None),  # 0 only with echo
     ("/v1/completions", {"prompt": "Hi", "best_of": 2}, None),
     ("/v1/completions", {"prompt": [5, 8000]}, "prompt"),
     ("/v1/completions", {"prompt": ["Hi"] * 9}, "prompt"),

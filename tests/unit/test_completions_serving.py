@@ -14,6 +14,16 @@ from serve_app.ingress.completions.serving import create_completion
 COMPLETIONS = "/v1/completions"
 
 
+@pytest.fixture
+def ids_decoded(services: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tokenizer's `detokenize` gives "[id]" a token: what was decoded, and from which ids, shows."""
+
+    async def decoded(token_ids: list[int]) -> str:
+        return "".join(f"[{t}]" for t in token_ids)
+
+    monkeypatch.setattr(services.tokenizer, "detokenize", decoded)
+
+
 def test_single_prompt(client: TestClient, fake_llm: Any, hf_tokenizer: Any) -> None:
     response = client.post(COMPLETIONS, json={"model": "tiny-chat", "prompt": "Once upon a time", "max_tokens": 3})
     assert response.status_code == 200
@@ -90,6 +100,46 @@ def test_logprobs(client: TestClient, fake_llm: Any) -> None:
         "top_logprobs": [{"a": -0.5, "b": -1.5}] * 2,
         "text_offset": [0, 1],
     }
+
+
+@pytest.mark.usefixtures("ids_decoded")
+def test_echo_with_logprobs_gives_the_prompts_logprobs_first(client: TestClient, fake_llm: Any) -> None:
+    # lm-eval-harness's loglikelihood request: token ids, one token, the prompt's logprobs echoed.
+    body = client.post(COMPLETIONS, json={"prompt": [5, 6, 7], "echo": True, "logprobs": 1, "max_tokens": 1}).json()
+    assert fake_llm.requests[0].sampling.prompt_logprobs == 1  # as vLLM: `logprobs` alternatives a prompt token
+    [choice] = body["choices"]
+    assert choice["text"] == "[5][6][7]a"
+    assert choice["logprobs"] == {
+        "tokens": ["[5]", "<6>", "<7>", "a"],  # the first token decoded; it has no logprob (None, as vLLM)
+        "token_logprobs": [None, -1.0, -1.0, -0.5],
+        "top_logprobs": [None, {"<6>": -1.0, "a": -0.5}, {"<7>": -1.0, "a": -0.5}, {"a": -0.5}],
+        "text_offset": [0, 3, 6, 9],
+    }
+
+
+@pytest.mark.usefixtures("ids_decoded")
+def test_echo_with_max_tokens_0_gives_the_prompt_alone(client: TestClient, fake_llm: Any, sse_events: Any) -> None:
+    body = {"prompt": [5, 6], "echo": True, "logprobs": 0, "max_tokens": 0}
+    answer = client.post(COMPLETIONS, json=body).json()
+    assert fake_llm.requests[0].sampling.max_tokens == 1  # one generated, as vLLM, and not returned
+    [choice] = answer["choices"]
+    assert (choice["text"], choice["logprobs"]["tokens"]) == ("[5][6]", ["[5]", "<6>"])
+    assert (choice["finish_reason"], answer["usage"]["completion_tokens"]) == ("length", 1)
+    [event, _done] = sse_events(client.post(COMPLETIONS, json={**body, "stream": True}).text)
+    assert (event["choices"][0]["text"], event["choices"][0]["logprobs"]) == (choice["text"], choice["logprobs"])
+    refused = client.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 0})  # without echo: a 400, as vLLM
+    assert refused.status_code == 400 and "max_tokens" in refused.json()["error"]["message"]
+
+
+@pytest.mark.usefixtures("ids_decoded")
+def test_streaming_echo_with_logprobs_for_each_choice(client: TestClient, sse_events: Any) -> None:
+    body = {"prompt": [5, 6], "echo": True, "logprobs": 0, "max_tokens": 2, "n": 2, "stream": True}
+    events = sse_events(client.post(COMPLETIONS, json=body).text)[:-1]
+    for index in (0, 1):
+        mine = [e["choices"][0]["logprobs"] for e in events if e["choices"][0]["index"] == index]
+        assert [m["tokens"] for m in mine] == [["[5]", "<6>", "a"], ["a"]]  # the prompt's with the first only
+        assert mine[0]["token_logprobs"][0] is None
+        assert mine[1]["text_offset"] == [mine[0]["text_offset"][-1] + 1]  # offsets continue past the prompt
 
 
 def test_streaming(client: TestClient, sse_events: Any, hf_tokenizer: Any) -> None:

@@ -198,6 +198,20 @@ def test_logprobs_zero_keeps_only_the_chosen_token() -> None:
     assert delta.logprobs == [TokenLogprob("a", -0.5, [97], [])]
 
 
+def test_prompt_logprobs_come_with_the_first_chunk_without_the_first_tokens_none() -> None:
+    # vLLM's prompt logprobs: None for the first token, then each prompt token with its alternatives.
+    second = {2: Logprob(-1.5, rank=2, decoded_token=" b"), 7: Logprob(-0.2, rank=1, decoded_token=" z")}
+    third = {3: Logprob(-0.1, rank=1, decoded_token=" c")}
+    output = request_output(completion(0, "x", [9]))
+    output.prompt_logprobs = [None, second, third]
+    chunk = to_chunk(output, SamplingSpec(max_tokens=1, prompt_logprobs=1))
+    assert chunk.prompt_logprobs == [
+        TokenLogprob(" b", -1.5, [32, 98], [(" z", -0.2, [32, 122])]),
+        TokenLogprob(" c", -0.1, [32, 99], [(" c", -0.1, [32, 99])]),
+    ]
+    assert to_chunk(output, SamplingSpec(max_tokens=1)).prompt_logprobs is None  # not asked for
+
+
 def test_logprobs_not_requested_are_dropped() -> None:
     candidates = {10: Logprob(-0.5, rank=1, decoded_token="a")}
     output = request_output(completion(0, "a", [10], logprobs=[candidates]))

@@ -34,6 +34,7 @@ def test_to_sampling_params_maps_every_field() -> None:
         frequency_penalty=-0.5,
         repetition_penalty=1.1,
         logprobs=3,
+        prompt_logprobs=2,
         include_stop_str_in_output=True,
         skip_special_tokens=False,
     )
@@ -50,6 +51,7 @@ def test_to_sampling_params_maps_every_field() -> None:
     assert (p.stop, p.stop_token_ids, p.ignore_eos, p.min_tokens) == (["\n\n", "END"], [2, 5], True, 2)
     assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, -0.5, 1.1)
     assert (p.logprobs, p.include_stop_str_in_output, p.skip_special_tokens) == (3, True, False)
+    assert p.prompt_logprobs == 2
     assert p.output_kind == RequestOutputKind.DELTA
 
 

@@ -10,6 +10,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -34,18 +35,31 @@ class _Offsets:
     def __init__(self) -> None:
         self.next = 0
 
-    def format(self, items: list[TokenLogprob]) -> dict[str, Any]:
+    def format(self, items: list[TokenLogprob], lead: str | None = None) -> dict[str, Any]:
+        """`items` as the legacy API's logprobs; `lead`, an echoed prompt's first token, goes before them
+        with none (nothing comes before it to predict it), as in vLLM."""
+        tokens = [t.token for t in items]
+        token_logprobs: list[float | None] = [t.logprob for t in items]
+        # The legacy API's k + 1: the sampled token first, then the k most likely (vLLM's order).
+        top: list[dict[str, float] | None] = [{t.token: t.logprob, **{a: b for a, b, _ in t.top}} for t in items]
+        if lead is not None:
+            tokens.insert(0, lead)
+            token_logprobs.insert(0, None)
+            top.insert(0, None)
         offsets = []
-        for t in items:
+        for token in tokens:
             offsets.append(self.next)
-            self.next += len(t.token)
-        return {
-            "tokens": [t.token for t in items],
-            "token_logprobs": [t.logprob for t in items],
-            # The legacy API's k + 1: the sampled token first, then the k most likely (vLLM's order).
-            "top_logprobs": [{t.token: t.logprob, **{a: b for a, b, _ in t.top}} for t in items],
-            "text_offset": offsets,
-        }
+            self.next += len(token)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+@dataclass(frozen=True)
+class _Echo:
+    """What `echo` puts before a prompt's choices: its text and, with `logprobs`, its tokens' logprobs."""
+
+    text: str = ""
+    lead: str | None = None  # the prompt's first token, which has no logprob
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # the tokens after it
 
 
 async def create_completion(services: Services, request: CompletionRequest, deadline: Deadline | None = None) -> Any:
@@ -59,7 +73,7 @@ async def create_completion(services: Services, request: CompletionRequest, dead
     start = time.perf_counter()
     streams = await _start_all(services, request, prompts, request_id, deadline)
     try:
-        echoes = await _echo_texts(services, request, prompts, streams[0].deadline)
+        echoes = await _echoes(services, request, prompts, streams)
     except BaseException:
         await _close_all(streams)  # past the deadline, or the tokenizer stage lost: the engine stops too
         raise
@@ -90,8 +104,8 @@ async def create_completion(services: Services, request: CompletionRequest, dead
         "choices": [
             {
                 "index": i,
-                "text": echoes[i // n] + "".join(c.text),
-                "logprobs": _Offsets().format(c.logprobs) if request.logprobs is not None else None,
+                "text": echoes[i // n].text + ("" if request.echo_only else "".join(c.text)),
+                "logprobs": _logprobs(request, echoes[i // n], c.logprobs) if request.logprobs is not None else None,
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
             }
@@ -133,23 +147,36 @@ async def _close_all(streams: list[Stream]) -> None:
     await asyncio.gather(*(s.close() for s in streams))
 
 
-async def _echo_texts(
-    services: Services, request: CompletionRequest, prompts: list[str | list[int]], deadline: Deadline | None
-) -> list[str]:
-    """The prompts as `echo` returns them, as vLLM: a text prompt as sent (not its tokens decoded, which
-    would add the special tokens the tokenizer put around it), token ids decoded, both before truncation."""
+async def _echoes(
+    services: Services, request: CompletionRequest, prompts: list[str | list[int]], streams: list[Stream]
+) -> list[_Echo]:
+    """What `echo` returns before each prompt's choices, as vLLM: a text prompt as sent (not its tokens
+    decoded, which would add the special tokens the tokenizer put around it), token ids decoded, both
+    before truncation; with `logprobs`, the logprobs of the tokens the engine saw, the first decoded here."""
     if not request.echo:
-        return [""] * len(prompts)
+        return [_Echo()] * len(prompts)
 
-    async def echo(prompt: str | list[int]) -> str:
-        return prompt if isinstance(prompt, str) else await services.tokenizer.detokenize(prompt)  # untruncated
+    async def echo(prompt: str | list[int], stream: Stream) -> _Echo:
+        text = prompt if isinstance(prompt, str) else await services.tokenizer.detokenize(prompt)  # untruncated
+        if request.logprobs is None:
+            return _Echo(text)
+        lead = await services.tokenizer.detokenize(stream.prompt_token_ids[:1])
+        return _Echo(text, lead, stream.first.prompt_logprobs or [])
 
-    async with within(deadline, "tokenizer", services.metrics.rejections):
-        return list(await asyncio.gather(*(echo(p) for p in prompts)))
+    async with within(streams[0].deadline, "tokenizer", services.metrics.rejections):
+        return list(await asyncio.gather(*(echo(p, s) for p, s in zip(prompts, streams, strict=True))))
+
+
+def _logprobs(
+    request: CompletionRequest, echo: _Echo, items: list[TokenLogprob], offsets: _Offsets | None = None
+) -> dict[str, Any]:
+    """A choice's logprobs (`items`: its new tokens'), after its echoed prompt's when `echo` is given."""
+    generated = [] if request.echo_only else items
+    return (offsets or _Offsets()).format(echo.logprobs + generated, echo.lead)
 
 
 async def _events(
-    request: CompletionRequest, streams: list[Stream], echoes: list[str], model: str, request_id: str
+    request: CompletionRequest, streams: list[Stream], echoes: list[_Echo], model: str, request_id: str
 ) -> AsyncGenerator[dict[str, Any], None]:
     created = int(time.time())
     n = request.n
@@ -164,12 +191,19 @@ async def _events(
             for delta in chunk.deltas:
                 index = p * n + delta.index
                 generated_by[index] += len(delta.token_ids)
-                text = delta.text if echoed[index] else echoes[p] + delta.text
-                echoed[index] = True
+                text, logprobs = delta.text, delta.logprobs
+                if echoed[index]:
+                    formatted = None if logprobs is None else offsets[index].format(logprobs)
+                else:  # its echo first: the prompt's text, and its logprobs with `logprobs`
+                    echoed[index] = True
+                    text = echoes[p].text + ("" if request.echo_only else text)
+                    formatted = None
+                    if request.logprobs is not None:
+                        formatted = _logprobs(request, echoes[p], logprobs or [], offsets[index])
                 choice = {
                     "index": index,
                     "text": text,
-                    "logprobs": offsets[index].format(delta.logprobs) if delta.logprobs is not None else None,
+                    "logprobs": formatted,
                     "finish_reason": delta.finish_reason,
                     "stop_reason": delta.stop_reason,
                 }
