@@ -153,10 +153,11 @@ def test_echo_with_logprobs_scores_a_prompt_as_lm_eval_asks(client: Any, referen
     assert len(logprobs.tokens) == len(ids) + len(sampled) == scored.usage.prompt_tokens  # the prompt alone
     assert (logprobs.token_logprobs[0], logprobs.top_logprobs[0]) == (None, None)  # nothing predicts the first
     assert logprobs.tokens[0] == reference_tokenizer.decode(ids[:1])
-    assert all(top[t] == lp for t, lp, top in zip(logprobs.tokens[1:], logprobs.token_logprobs[1:],
-                                                   logprobs.top_logprobs[1:], strict=True))  # fmt: skip
+    # Each prompt token beside the most likely one at its place, no likelier than it.
+    assert all(len(top) <= 2 and max(top.values()) >= lp
+               for lp, top in zip(logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True))  # fmt: skip
     assert len(sampled) == 1  # the default model's greedy token here decodes and encodes back alike
-    assert logprobs.token_logprobs[-1] == pytest.approx(greedy.choices[0].logprobs.token_logprobs[0], abs=0.1)
+    assert logprobs.token_logprobs[-1] == pytest.approx(greedy.choices[0].logprobs.token_logprobs[0], abs=0.05)
 
 
 def test_tokenize_detokenize(graph: str, reference_tokenizer: Any) -> None:

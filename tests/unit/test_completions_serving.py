@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from fastapi.testclient import TestClient
 from serve_app.errors import BadRequestError, StageUnavailableError
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
+from serve_app.messages import GenerationChunk
 
 COMPLETIONS = "/v1/completions"
 
@@ -94,6 +97,7 @@ def test_max_tokens_defaults_to_16(client: TestClient, fake_llm: Any) -> None:
 def test_logprobs(client: TestClient, fake_llm: Any) -> None:
     body = client.post(COMPLETIONS, json={"prompt": "Hi", "max_tokens": 2, "logprobs": 2}).json()
     assert fake_llm.requests[0].sampling.logprobs == 2
+    assert fake_llm.requests[0].sampling.prompt_logprobs is None  # only with echo: the engine's work
     assert body["choices"][0]["logprobs"] == {
         "tokens": ["a", "a"],
         "token_logprobs": [-0.5, -0.5],
@@ -105,16 +109,17 @@ def test_logprobs(client: TestClient, fake_llm: Any) -> None:
 @pytest.mark.usefixtures("ids_decoded")
 def test_echo_with_logprobs_gives_the_prompts_logprobs_first(client: TestClient, fake_llm: Any) -> None:
     # lm-eval-harness's loglikelihood request: token ids, one token, the prompt's logprobs echoed.
-    body = client.post(COMPLETIONS, json={"prompt": [5, 6, 7], "echo": True, "logprobs": 1, "max_tokens": 1}).json()
-    assert fake_llm.requests[0].sampling.prompt_logprobs == 1  # as vLLM: `logprobs` alternatives a prompt token
-    [choice] = body["choices"]
-    assert choice["text"] == "[5][6][7]a"
-    assert choice["logprobs"] == {
+    body = {"prompt": [[5, 6, 7], [8, 9]], "echo": True, "logprobs": 1, "max_tokens": 1}
+    first, second = client.post(COMPLETIONS, json=body).json()["choices"]
+    assert {r.sampling.prompt_logprobs for r in fake_llm.requests} == {1}  # as vLLM: `logprobs` a prompt token
+    assert (first["text"], second["text"]) == ("[5][6][7]a", "[8][9]a")
+    assert first["logprobs"] == {
         "tokens": ["[5]", "<6>", "<7>", "a"],  # the first token decoded; it has no logprob (None, as vLLM)
         "token_logprobs": [None, -1.0, -1.0, -0.5],
         "top_logprobs": [None, {"<6>": -1.0, "a": -0.5}, {"<7>": -1.0, "a": -0.5}, {"a": -0.5}],
         "text_offset": [0, 3, 6, 9],
     }
+    assert second["logprobs"]["tokens"] == ["[8]", "<9>", "a"]  # each prompt's own
 
 
 @pytest.mark.usefixtures("ids_decoded")
@@ -140,6 +145,22 @@ def test_streaming_echo_with_logprobs_for_each_choice(client: TestClient, sse_ev
         assert [m["tokens"] for m in mine] == [["[5]", "<6>", "a"], ["a"]]  # the prompt's with the first only
         assert mine[0]["token_logprobs"][0] is None
         assert mine[1]["text_offset"] == [mine[0]["text_offset"][-1] + 1]  # offsets continue past the prompt
+
+
+async def test_an_engine_output_without_the_prompts_logprobs_is_an_error_not_a_short_answer(
+    services: Any, fake_llm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generate = fake_llm.generate
+
+    async def without(request: Any) -> AsyncIterator[GenerationChunk]:
+        async for chunk in generate(request):
+            yield replace(chunk, prompt_logprobs=None)
+
+    monkeypatch.setattr(fake_llm, "generate", without)
+    request = CompletionRequest(model="tiny-chat", prompt=[5, 6], echo=True, logprobs=1, max_tokens=1)
+    with pytest.raises(RuntimeError, match="no prompt logprobs"):
+        await create_completion(services, request)
+    assert fake_llm.closed  # and its engine work stopped
 
 
 def test_streaming(client: TestClient, sse_events: Any, hf_tokenizer: Any) -> None:

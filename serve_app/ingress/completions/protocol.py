@@ -24,7 +24,6 @@ class CompletionRequest(SamplingRequest):
     best_of: int | None = Field(default=None, ge=1, le=INT64_MAX)
     suffix: str | None = None
     add_special_tokens: bool = True
-    # `max_tokens: 0` with `echo`: one token is generated, as by vLLM, and only the prompt is returned.
     _echo_only: bool = PrivateAttr(default=False)
 
     @model_validator(mode="before")
@@ -52,7 +51,8 @@ class CompletionRequest(SamplingRequest):
 
     @property
     def echo_only(self) -> bool:
-        """Whether the answer is the prompt alone (`max_tokens: 0` with `echo`)."""
+        """Whether the answer is the prompt alone (`max_tokens: 0` with `echo`): one token is generated
+        and counted, as by vLLM, and not returned."""
         return self._echo_only
 
     def sampling_spec(self, max_tokens: int, logprobs: int | None) -> SamplingSpec:

@@ -55,11 +55,19 @@ class _Offsets:
 
 @dataclass(frozen=True)
 class _Echo:
-    """What `echo` puts before a prompt's choices: its text and, with `logprobs`, its tokens' logprobs."""
+    """What `echo` puts before a prompt's choices: its text and, with `logprobs`, its tokens' logprobs;
+    with `only` (`max_tokens: 0`), instead of what was generated. Without `echo`, nothing."""
 
     text: str = ""
     lead: str | None = None  # the prompt's first token, which has no logprob
     logprobs: list[TokenLogprob] = field(default_factory=list)  # the tokens after it
+    only: bool = False
+
+    def text_with(self, generated: str) -> str:
+        return self.text + ("" if self.only else generated)
+
+    def logprobs_with(self, generated: list[TokenLogprob], offsets: _Offsets) -> dict[str, Any]:
+        return offsets.format(self.logprobs + ([] if self.only else generated), self.lead)
 
 
 async def create_completion(services: Services, request: CompletionRequest, deadline: Deadline | None = None) -> Any:
@@ -104,8 +112,10 @@ async def create_completion(services: Services, request: CompletionRequest, dead
         "choices": [
             {
                 "index": i,
-                "text": echoes[i // n].text + ("" if request.echo_only else "".join(c.text)),
-                "logprobs": _logprobs(request, echoes[i // n], c.logprobs) if request.logprobs is not None else None,
+                "text": echoes[i // n].text_with("".join(c.text)),
+                "logprobs": echoes[i // n].logprobs_with(c.logprobs, _Offsets())
+                if request.logprobs is not None
+                else None,
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
             }
@@ -157,22 +167,19 @@ async def _echoes(
         return [_Echo()] * len(prompts)
 
     async def echo(prompt: str | list[int], stream: Stream) -> _Echo:
-        text = prompt if isinstance(prompt, str) else await services.tokenizer.detokenize(prompt)  # untruncated
         if request.logprobs is None:
-            return _Echo(text)
-        lead = await services.tokenizer.detokenize(stream.prompt_token_ids[:1])
-        return _Echo(text, lead, stream.first.prompt_logprobs or [])
+            return _Echo(await text(prompt), only=request.echo_only)
+        logprobs = stream.first.prompt_logprobs
+        if logprobs is None:  # all of them come with the first output (vLLM's DELTA kind): a fault, not a 400
+            raise RuntimeError(f"{stream.request_id}: the engine's first output has no prompt logprobs")
+        echoed, lead = await asyncio.gather(text(prompt), services.tokenizer.detokenize(stream.prompt_token_ids[:1]))
+        return _Echo(echoed, lead, logprobs, request.echo_only)
+
+    async def text(prompt: str | list[int]) -> str:
+        return prompt if isinstance(prompt, str) else await services.tokenizer.detokenize(prompt)  # untruncated
 
     async with within(streams[0].deadline, "tokenizer", services.metrics.rejections):
         return list(await asyncio.gather(*(echo(p, s) for p, s in zip(prompts, streams, strict=True))))
-
-
-def _logprobs(
-    request: CompletionRequest, echo: _Echo, items: list[TokenLogprob], offsets: _Offsets | None = None
-) -> dict[str, Any]:
-    """A choice's logprobs (`items`: its new tokens'), after its echoed prompt's when `echo` is given."""
-    generated = [] if request.echo_only else items
-    return (offsets or _Offsets()).format(echo.logprobs + generated, echo.lead)
 
 
 async def _events(
@@ -196,10 +203,10 @@ async def _events(
                     formatted = None if logprobs is None else offsets[index].format(logprobs)
                 else:  # its echo first: the prompt's text, and its logprobs with `logprobs`
                     echoed[index] = True
-                    text = echoes[p].text + ("" if request.echo_only else text)
+                    text = echoes[p].text_with(text)
                     formatted = None
                     if request.logprobs is not None:
-                        formatted = _logprobs(request, echoes[p], logprobs or [], offsets[index])
+                        formatted = echoes[p].logprobs_with(logprobs or [], offsets[index])
                 choice = {
                     "index": index,
                     "text": text,

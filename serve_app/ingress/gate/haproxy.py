@@ -116,7 +116,8 @@ def rules(gate_dir: Path) -> str:
         "if { var(txn.sg_wait) -m int gt 0 } !{ var(txn.sg_max) -m found }",
         f"http-request set-var(txn.sg_max) int({DEFAULT_MAX_TOKENS}) if {{ path /v1/completions }} "
         "{ var(txn.sg_size) -m found } { req.body_len,sub(txn.sg_size) -m int eq 0 } !{ req.body -m sub max_tokens }",
-        # Out of range (the ingress's 400, not a refusal to retry): not weighed here.
+        # Out of range (the ingress's 400, not a refusal to retry), or 0 (with `echo`, the prompt alone, which
+        # the ingress weighs at one token): not weighed here.
         f"http-request set-var(txn.sg_cap) {lookup('max_tokens', 0)} {sized}",
         "http-request unset-var(txn.sg_max) if { var(txn.sg_max) -m int lt 1 }",
         "http-request unset-var(txn.sg_max) if { var(txn.sg_max),sub(txn.sg_cap) -m int gt 0 }",

@@ -83,7 +83,9 @@ def weigh(path: str, body: dict[str, Any]) -> Weight | None:
     n = body.get("n", 1)
     truncating = body.get("truncate_prompt_tokens") is not None
     if not (max_tokens is None or _is_positive_int(max_tokens)) or not _is_positive_int(n):
-        return None  # the route's 400: weighed, it could be refused as an overload instead
+        # The route's 400 (weighed here, it could be refused as an overload instead), or max_tokens 0 with
+        # echo, which the route weighs at the one token it generates.
+        return None
     if path == "/v1/chat/completions":
         messages = body.get("messages")
         if not isinstance(messages, list):
