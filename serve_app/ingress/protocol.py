@@ -105,6 +105,11 @@ class SamplingRequest(OpenAIRequest):
     metadata: dict[str, str] | None = None
     store: bool | None = None
     service_tier: str | None = None
+    return_token_ids: bool | None = Field(
+        default=None,
+        description="vLLM's extension: the prompt's token ids and each choice's generated ones beside the text "
+        "(streamed: the prompt's in a choice's first chunk, the new ones in each).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> SamplingRequest:

@@ -6,6 +6,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from tests.unit.conftest import FAKE_TOKEN_ID
+
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there!"}]
 TOP2 = [{"token": "a", "logprob": -0.5, "bytes": [97]}, {"token": "b", "logprob": -1.5, "bytes": [98]}]
@@ -175,3 +177,17 @@ def test_streaming_logprobs(client: TestClient, sse_events: Any) -> None:
     assert events[1]["choices"][0]["logprobs"] == {
         "content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": TOP2}]
     }
+
+
+def test_return_token_ids(client: TestClient, sse_events: Any, chat_ids: Any) -> None:
+    # vLLM's extension: the prompt's ids beside the choices, each choice's generated ids in it.
+    body = {"messages": MESSAGES, "max_tokens": 2, "n": 2, "return_token_ids": True}
+    answer = client.post(CHAT, json=body).json()
+    assert answer["prompt_token_ids"] == chat_ids(MESSAGES)
+    assert [c["token_ids"] for c in answer["choices"]] == [[FAKE_TOKEN_ID] * 2] * 2
+    events = sse_events(client.post(CHAT, json={**body, "stream": True}).text)[:-1]
+    openings, deltas = events[:2], events[2:]
+    assert [e["prompt_token_ids"] for e in openings] == [chat_ids(MESSAGES)] * 2  # each choice's first chunk
+    assert [e["choices"][0]["token_ids"] for e in deltas] == [[FAKE_TOKEN_ID]] * 4
+    plain = client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 1}).json()
+    assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]  # only when asked

@@ -81,11 +81,14 @@ async def create_chat_completion(
                 "logprobs": chat_logprobs(c.logprobs) if logprobs is not None else None,
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
+                **({"token_ids": c.token_ids} if request.return_token_ids else {}),
             }
             for i, c in enumerate(choices)
         ],
         "usage": usage(stream.num_prompt_tokens, completion_tokens),
     }
+    if request.return_token_ids:  # as vLLM: the prompt's beside the choices, each choice's in it
+        body["prompt_token_ids"] = stream.prompt_token_ids
     return JSONResponse(body, headers=timing_headers(stream.timings))
 
 
@@ -100,10 +103,12 @@ async def _events(request: ChatCompletionRequest, stream: Stream, model: str) ->
         return {"id": stream.request_id, "object": "chat.completion.chunk", "created": created,
                 "model": model, "choices": choices, **extra}  # fmt: skip
 
+    ids = request.return_token_ids
+    opening = {"prompt_token_ids": stream.prompt_token_ids} if ids else {}  # as vLLM, in each choice's first
     for i in range(request.n):
         first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                  "finish_reason": None}  # fmt: skip
-        yield chunk([first], **({"usage": usage(prompt_tokens, 0)} if continuous else {}))
+        yield chunk([first], **opening, **({"usage": usage(prompt_tokens, 0)} if continuous else {}))
     async for generated in stream.chunks():
         for delta in generated.deltas:
             generated_by[delta.index] += len(delta.token_ids)
@@ -116,6 +121,8 @@ async def _events(request: ChatCompletionRequest, stream: Stream, model: str) ->
             if delta.finish_reason is not None:
                 choice["stop_reason"] = delta.stop_reason
                 running -= 1
+            if ids:
+                choice["token_ids"] = delta.token_ids
             # As vLLM: the usage so far of the choice this chunk is of.
             extra = {"usage": usage(prompt_tokens, generated_by[delta.index])} if continuous else {}
             payload = chunk([choice], **extra)

@@ -118,6 +118,12 @@ async def create_completion(services: Services, request: CompletionRequest, dead
                 else None,
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
+                # As vLLM: each choice with its prompt's ids and its own.
+                **(
+                    {"prompt_token_ids": streams[i // n].prompt_token_ids, "token_ids": c.token_ids}
+                    if request.return_token_ids
+                    else {}
+                ),
             }
             for i, c in enumerate(choices)
         ],
@@ -176,6 +182,8 @@ async def _echoes(
         return _Echo(echoed, lead, logprobs, request.echo_only)
 
     async def text(prompt: str | list[int]) -> str:
+        if request.return_token_ids:  # as vLLM: the prompt comes back as its ids, the echoed text is empty
+            return ""
         return prompt if isinstance(prompt, str) else await services.tokenizer.detokenize(prompt)  # untruncated
 
     async with within(streams[0].deadline, "tokenizer", services.metrics.rejections):
@@ -190,7 +198,7 @@ async def _events(
     include_usage, continuous = request.usage_in_stream()
     generated_by = [0] * (n * len(streams))  # tokens of each choice so far
     offsets = [_Offsets() for _ in range(n * len(streams))]
-    echoed = [not request.echo] * (n * len(streams))
+    fresh = [True] * (n * len(streams))  # choices that have sent nothing yet
     running = n * len(streams)  # choices not finished: the payload that finishes the last one is the last
     # Closed with this generator: its tasks stop reading the streams before the streams are closed.
     async with aclosing(merge([s.chunks() for s in streams])) as merged:
@@ -198,15 +206,15 @@ async def _events(
             for delta in chunk.deltas:
                 index = p * n + delta.index
                 generated_by[index] += len(delta.token_ids)
+                first, fresh[index] = fresh[index], False
                 text, logprobs = delta.text, delta.logprobs
-                if echoed[index]:
-                    formatted = None if logprobs is None else offsets[index].format(logprobs)
-                else:  # its echo first: the prompt's text, and its logprobs with `logprobs`
-                    echoed[index] = True
+                if first and request.echo:  # its echo first: the prompt's text, and its logprobs with `logprobs`
                     text = echoes[p].text_with(text)
                     formatted = None
                     if request.logprobs is not None:
                         formatted = echoes[p].logprobs_with(logprobs or [], offsets[index])
+                else:
+                    formatted = None if logprobs is None else offsets[index].format(logprobs)
                 choice = {
                     "index": index,
                     "text": text,
@@ -214,6 +222,10 @@ async def _events(
                     "finish_reason": delta.finish_reason,
                     "stop_reason": delta.stop_reason,
                 }
+                if request.return_token_ids:  # as vLLM: the prompt's in a choice's first chunk
+                    if first:
+                        choice["prompt_token_ids"] = streams[p].prompt_token_ids
+                    choice["token_ids"] = delta.token_ids
                 if delta.finish_reason is not None:
                     running -= 1
                 payload = {"id": request_id, "object": "text_completion", "created": created, "model": model,

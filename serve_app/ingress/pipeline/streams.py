@@ -50,14 +50,18 @@ class ChoiceState:
     """One choice accumulated over a whole generation (non-streaming responses, usage)."""
 
     text: list[str] = field(default_factory=list)
-    num_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
     def add(self, delta: ChoiceDelta) -> None:
         self.text.append(delta.text)
-        self.num_tokens += len(delta.token_ids)
+        self.token_ids.extend(delta.token_ids)
         if delta.logprobs:
             self.logprobs.extend(delta.logprobs)
         if delta.finish_reason is not None:
