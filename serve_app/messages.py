@@ -151,6 +151,9 @@ class SamplingSpec:
     audio_codes: bool = False
     # Not a sampling field: vLLM takes it beside SamplingParams, for an engine that schedules by priority.
     priority: int = 0
+    # Not a sampling field: the first chunk carries the prompt's ids as the engine has them (`return_token_ids`:
+    # with images, their placeholders expanded to image tokens, which the ingress never sees).
+    return_prompt_ids: bool = False
 
 
 @message
@@ -208,6 +211,8 @@ class GenerationChunk:
     # First chunk only, when the sampling asked for them: the logprobs of the prompt's tokens after its
     # first (which has none), as the engine saw them.
     prompt_logprobs: list[TokenLogprob] | None = None
+    # First chunk only, when the sampling asked for them: the prompt's ids as the engine has them.
+    prompt_token_ids: list[int] | None = None
 
 
 @message

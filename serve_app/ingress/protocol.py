@@ -155,6 +155,7 @@ class SamplingRequest(OpenAIRequest):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             priority=self.priority,
+            return_prompt_ids=bool(self.return_token_ids),
         )
 
 

@@ -237,7 +237,11 @@ def to_chunk(output: Any, spec: SamplingSpec, engine_ttft_s: float | None = None
         prompt_logprobs = _token_logprobs(
             list(output.prompt_token_ids[1:]), list(output.prompt_logprobs[1:]), spec.prompt_logprobs
         )
-    return GenerationChunk(deltas, len(output.prompt_token_ids or ()), output.finished, engine_ttft_s, prompt_logprobs)
+    prompt_ids = None
+    if spec.return_prompt_ids and engine_ttft_s is not None:  # the first chunk's
+        prompt_ids = list(output.prompt_token_ids or ())
+    num_prompt_tokens = len(output.prompt_token_ids or ())
+    return GenerationChunk(deltas, num_prompt_tokens, output.finished, engine_ttft_s, prompt_logprobs, prompt_ids)
 
 
 class LLMStage:

@@ -40,6 +40,7 @@ MAX_LOGPROBS = 5
 MAX_PROMPTS = 8
 # What FakeLLM "generates": token id and text of every generated token, and its logprob candidates.
 FAKE_TOKEN_ID = 64
+FAKE_EXPANDED = 99  # a prompt id only the engine has (FakeLLM, `return_prompt_ids`)
 FAKE_CANDIDATES = [
     ("a", -0.5, [97]),
     ("b", -1.5, [98]),
@@ -61,7 +62,8 @@ class FakeLLM:
     Each of the `n` choices gets `max_tokens` tokens "a", one per chunk; the last chunk has
     finish_reason "length". With `logprobs=k` each token carries the first k of FAKE_CANDIDATES; with
     `prompt_logprobs=k` the first chunk carries each prompt token after the first as "<id>" at -1.0, with
-    the first k of FAKE_CANDIDATES.
+    the first k of FAKE_CANDIDATES; with `return_prompt_ids`, it carries the prompt's ids followed by
+    FAKE_EXPANDED, as if the engine had expanded an image: answers must carry the engine's ids.
     """
 
     def __init__(self) -> None:
@@ -91,8 +93,9 @@ class FakeLLM:
                     ChoiceDelta(i, "a", [FAKE_TOKEN_ID], "length" if last else None, None, logprobs)
                     for i in range(spec.n)
                 ]
-                first = prompt_logprobs if step == 0 else None
-                yield GenerationChunk(deltas, len(request.prompt_token_ids), last, None, first)
+                logprobs_first = prompt_logprobs if step == 0 else None
+                ids_first = [*request.prompt_token_ids, FAKE_EXPANDED] if spec.return_prompt_ids and step == 0 else None
+                yield GenerationChunk(deltas, len(request.prompt_token_ids), last, None, logprobs_first, ids_first)
         except GeneratorExit:
             self.closed.append(request.request_id)
             raise

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.unit.conftest import FAKE_TOKEN_ID
+from tests.unit.conftest import FAKE_EXPANDED, FAKE_TOKEN_ID
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there!"}]
@@ -179,15 +179,19 @@ def test_streaming_logprobs(client: TestClient, sse_events: Any) -> None:
     }
 
 
-def test_return_token_ids(client: TestClient, sse_events: Any, chat_ids: Any) -> None:
-    # vLLM's extension: the prompt's ids beside the choices, each choice's generated ids in it.
+def test_return_token_ids(client: TestClient, fake_llm: Any, sse_events: Any, chat_ids: Any) -> None:
+    # vLLM's extension: the prompt's ids as the engine has them beside the choices, each choice's generated ids.
     body = {"messages": MESSAGES, "max_tokens": 2, "n": 2, "return_token_ids": True}
     answer = client.post(CHAT, json=body).json()
-    assert answer["prompt_token_ids"] == chat_ids(MESSAGES)
+    assert fake_llm.requests[0].sampling.return_prompt_ids
+    engine_ids = [*chat_ids(MESSAGES), FAKE_EXPANDED]  # the engine's, not the tokenizer's (images expanded)
+    assert answer["prompt_token_ids"] == engine_ids
     assert [c["token_ids"] for c in answer["choices"]] == [[FAKE_TOKEN_ID] * 2] * 2
     events = sse_events(client.post(CHAT, json={**body, "stream": True}).text)[:-1]
     openings, deltas = events[:2], events[2:]
-    assert [e["prompt_token_ids"] for e in openings] == [chat_ids(MESSAGES)] * 2  # each choice's first chunk
+    assert [e["prompt_token_ids"] for e in openings] == [engine_ids] * 2  # with each choice's opening chunk
     assert [e["choices"][0]["token_ids"] for e in deltas] == [[FAKE_TOKEN_ID]] * 4
+    assert not any("prompt_token_ids" in e for e in deltas)
     plain = client.post(CHAT, json={"messages": MESSAGES, "max_tokens": 1}).json()
     assert "prompt_token_ids" not in plain and "token_ids" not in plain["choices"][0]  # only when asked
+    assert not fake_llm.requests[-1].sampling.return_prompt_ids

@@ -13,7 +13,7 @@ from serve_app.errors import BadRequestError, StageUnavailableError
 from serve_app.ingress.completions.protocol import CompletionRequest
 from serve_app.ingress.completions.serving import create_completion
 from serve_app.messages import GenerationChunk
-from tests.unit.conftest import FAKE_TOKEN_ID
+from tests.unit.conftest import FAKE_EXPANDED, FAKE_TOKEN_ID
 
 COMPLETIONS = "/v1/completions"
 
@@ -260,17 +260,19 @@ async def test_a_failed_echo_closes_the_started_streams(
 
 
 def test_return_token_ids(client: TestClient, sse_events: Any, hf_tokenizer: Any) -> None:
-    # vLLM's extension: each choice with its prompt's ids and its own generated ones.
-    prompts = [hf_tokenizer.encode("Hello"), hf_tokenizer.encode("Bye now")]
-    body: dict[str, Any] = {"prompt": ["Hello", "Bye now"], "max_tokens": 2, "return_token_ids": True}
+    # vLLM's extension: each choice with its prompt's ids as the engine has them, and its own generated ids.
+    prompts = [[*hf_tokenizer.encode(p), FAKE_EXPANDED] for p in ("Hello", "Bye now")]  # the engine's ids
+    body: dict[str, Any] = {"prompt": ["Hello", "Bye now"], "max_tokens": 2, "n": 2, "return_token_ids": True}
     choices = client.post(COMPLETIONS, json=body).json()["choices"]
-    assert [c["prompt_token_ids"] for c in choices] == prompts
-    assert [c["token_ids"] for c in choices] == [[FAKE_TOKEN_ID] * 2] * 2
+    assert [c["prompt_token_ids"] for c in choices] == [prompts[0], prompts[0], prompts[1], prompts[1]]
+    assert [c["token_ids"] for c in choices] == [[FAKE_TOKEN_ID] * 2] * 4
     events = sse_events(client.post(COMPLETIONS, json={**body, "stream": True}).text)[:-1]
-    for index, prompt in enumerate(prompts):
+    for index in range(4):
         mine = [e["choices"][0] for e in events if e["choices"][0]["index"] == index]
-        assert [m.get("prompt_token_ids") for m in mine] == [prompt, None]  # in its first chunk only
+        assert [m.get("prompt_token_ids") for m in mine] == [prompts[index // 2], None]  # in its first chunk only
         assert [m["token_ids"] for m in mine] == [[FAKE_TOKEN_ID]] * 2
     # With echo, as vLLM: the prompt comes back as its ids, and its text is left out.
     echoed = client.post(COMPLETIONS, json={**body, "echo": True}).json()["choices"]
-    assert [c["text"] for c in echoed] == ["aa", "aa"]
+    assert [(c["text"], c["prompt_token_ids"]) for c in echoed][::2] == [("aa", prompts[0]), ("aa", prompts[1])]
+    streamed = sse_events(client.post(COMPLETIONS, json={**body, "echo": True, "stream": True}).text)[:-1]
+    assert "".join(e["choices"][0]["text"] for e in streamed) == "a" * 8

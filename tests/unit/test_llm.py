@@ -212,6 +212,14 @@ def test_prompt_logprobs_come_with_the_first_chunk_without_the_first_tokens_none
     assert to_chunk(output, SamplingSpec(max_tokens=1)).prompt_logprobs is None  # not asked for
 
 
+def test_the_engines_prompt_ids_come_with_the_first_chunk_when_asked() -> None:
+    output = request_output(completion(0, "x", [9]), prompt_token_ids=(1, 2, 2, 2, 3))  # an image expanded
+    asked = SamplingSpec(max_tokens=2, return_prompt_ids=True)
+    assert to_chunk(output, asked, engine_ttft_s=0.1).prompt_token_ids == [1, 2, 2, 2, 3]
+    assert to_chunk(output, asked).prompt_token_ids is None  # a later chunk
+    assert to_chunk(output, SamplingSpec(max_tokens=2), engine_ttft_s=0.1).prompt_token_ids is None  # not asked
+
+
 def test_logprobs_not_requested_are_dropped() -> None:
     candidates = {10: Logprob(-0.5, rank=1, decoded_token="a")}
     output = request_output(completion(0, "a", [10], logprobs=[candidates]))

@@ -87,8 +87,8 @@ async def create_chat_completion(
         ],
         "usage": usage(stream.num_prompt_tokens, completion_tokens),
     }
-    if request.return_token_ids:  # as vLLM: the prompt's beside the choices, each choice's in it
-        body["prompt_token_ids"] = stream.prompt_token_ids
+    if request.return_token_ids:  # vLLM's place for them: beside the choices (each choice's own in it)
+        body["prompt_token_ids"] = stream.engine_prompt_ids
     return JSONResponse(body, headers=timing_headers(stream.timings))
 
 
@@ -104,7 +104,8 @@ async def _events(request: ChatCompletionRequest, stream: Stream, model: str) ->
                 "model": model, "choices": choices, **extra}  # fmt: skip
 
     ids = request.return_token_ids
-    opening = {"prompt_token_ids": stream.prompt_token_ids} if ids else {}  # as vLLM, in each choice's first
+    # vLLM sends the prompt's ids with each choice's opening chunk, the new ids with every later one.
+    opening = {"prompt_token_ids": stream.engine_prompt_ids} if ids else {}
     for i in range(request.n):
         first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                  "finish_reason": None}  # fmt: skip

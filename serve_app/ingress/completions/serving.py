@@ -118,9 +118,9 @@ async def create_completion(services: Services, request: CompletionRequest, dead
                 else None,
                 "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason,
-                # As vLLM: each choice with its prompt's ids and its own.
+                # vLLM's place for them: each choice with its prompt's ids and its own.
                 **(
-                    {"prompt_token_ids": streams[i // n].prompt_token_ids, "token_ids": c.token_ids}
+                    {"prompt_token_ids": streams[i // n].engine_prompt_ids, "token_ids": c.token_ids}
                     if request.return_token_ids
                     else {}
                 ),
@@ -168,7 +168,8 @@ async def _echoes(
 ) -> list[_Echo]:
     """What `echo` returns before each prompt's choices, as vLLM: a text prompt as sent (not its tokens
     decoded, which would add the special tokens the tokenizer put around it), token ids decoded, both
-    before truncation; with `logprobs`, the logprobs of the tokens the engine saw, the first decoded here."""
+    before truncation; with `logprobs`, the logprobs of the tokens the engine saw, the first decoded here.
+    With `return_token_ids` the text is empty, as in vLLM: the prompt comes back as its ids."""
     if not request.echo:
         return [_Echo()] * len(prompts)
 
@@ -182,7 +183,7 @@ async def _echoes(
         return _Echo(echoed, lead, logprobs, request.echo_only)
 
     async def text(prompt: str | list[int]) -> str:
-        if request.return_token_ids:  # as vLLM: the prompt comes back as its ids, the echoed text is empty
+        if request.return_token_ids:
             return ""
         return prompt if isinstance(prompt, str) else await services.tokenizer.detokenize(prompt)  # untruncated
 
@@ -199,6 +200,7 @@ async def _events(
     generated_by = [0] * (n * len(streams))  # tokens of each choice so far
     offsets = [_Offsets() for _ in range(n * len(streams))]
     fresh = [True] * (n * len(streams))  # choices that have sent nothing yet
+    echo, ids = request.echo, request.return_token_ids  # read once: the loop below runs for every chunk
     running = n * len(streams)  # choices not finished: the payload that finishes the last one is the last
     # Closed with this generator: its tasks stop reading the streams before the streams are closed.
     async with aclosing(merge([s.chunks() for s in streams])) as merged:
@@ -208,7 +210,7 @@ async def _events(
                 generated_by[index] += len(delta.token_ids)
                 first, fresh[index] = fresh[index], False
                 text, logprobs = delta.text, delta.logprobs
-                if first and request.echo:  # its echo first: the prompt's text, and its logprobs with `logprobs`
+                if first and echo:  # its echo first: the prompt's text, and its logprobs with `logprobs`
                     text = echoes[p].text_with(text)
                     formatted = None
                     if request.logprobs is not None:
@@ -222,9 +224,9 @@ async def _events(
                     "finish_reason": delta.finish_reason,
                     "stop_reason": delta.stop_reason,
                 }
-                if request.return_token_ids:  # as vLLM: the prompt's in a choice's first chunk
+                if ids:  # vLLM's places: the prompt's ids in a choice's first chunk, the new ids in each
                     if first:
-                        choice["prompt_token_ids"] = streams[p].prompt_token_ids
+                        choice["prompt_token_ids"] = streams[p].engine_prompt_ids
                     choice["token_ids"] = delta.token_ids
                 if delta.finish_reason is not None:
                     running -= 1

@@ -58,6 +58,12 @@ class Stream:
     deadline: Deadline | None = None
     finish_reason: str | None = None  # why the last choice to end ended, once the stream was read
 
+    @property
+    def engine_prompt_ids(self) -> list[int]:
+        """The prompt's ids as the engine has them when the first chunk carries them (`return_token_ids`:
+        images expanded to their tokens), else as tokenized."""
+        return self.first.prompt_token_ids or self.prompt_token_ids
+
     async def chunks(self) -> AsyncIterator[GenerationChunk]:
         generated = self.metrics.tokens.labels("generated")
         chunk: GenerationChunk | None = self.first
