@@ -231,17 +231,13 @@ def to_chunk(output: Any, spec: SamplingSpec, engine_ttft_s: float | None = None
                 logprobs=logprobs,
             )
         )
+    prompt = output.prompt_token_ids or ()
     prompt_logprobs = None
     if spec.prompt_logprobs is not None and output.prompt_logprobs:  # all of them in the first output
         # vLLM's first entry is None: the first token has no logprob.
-        prompt_logprobs = _token_logprobs(
-            list(output.prompt_token_ids[1:]), list(output.prompt_logprobs[1:]), spec.prompt_logprobs
-        )
-    prompt_ids = None
-    if spec.return_prompt_ids and engine_ttft_s is not None:  # the first chunk's
-        prompt_ids = list(output.prompt_token_ids or ())
-    num_prompt_tokens = len(output.prompt_token_ids or ())
-    return GenerationChunk(deltas, num_prompt_tokens, output.finished, engine_ttft_s, prompt_logprobs, prompt_ids)
+        prompt_logprobs = _token_logprobs(list(prompt[1:]), list(output.prompt_logprobs[1:]), spec.prompt_logprobs)
+    prompt_ids = list(prompt) if spec.return_prompt_ids and engine_ttft_s is not None else None  # the first chunk's
+    return GenerationChunk(deltas, len(prompt), output.finished, engine_ttft_s, prompt_logprobs, prompt_ids)
 
 
 class LLMStage:
