@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -167,14 +168,29 @@ def join_cluster() -> str | None:
     """Joins the Ray cluster this node belongs to; returns the node's id (None without a cluster)."""
     import ray
 
+    # `make stop` names make serve's cluster in RAY_ADDRESS; without it, `auto` joins the newest.
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address and not listens(address):
+        print(f"no Ray cluster to stop Serve on: nothing listens at RAY_ADDRESS={address}")
+        return None
     try:
-        # `make stop` names make serve's cluster in RAY_ADDRESS; without it, `auto` joins the newest.
         ray.init(address="auto", logging_level=logging.WARNING)
     except ConnectionError as exc:
         print(f"no Ray cluster to stop Serve on: {exc}")
         return None
     node_id: str = ray.get_runtime_context().get_node_id()
     return node_id
+
+
+def listens(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts connections at `address` ("host:port"). Asked before joining: with no GCS
+    there, `ray.init` retries for a long time (measured: over 10 minutes, `make stop` with Ray stopped)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def drain_serve() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import socket
 import subprocess
 import sys
 import tempfile
@@ -187,3 +188,24 @@ def test_make_serve_and_make_stop_join_the_cluster_make_serve_starts() -> None:
     assert "ray status --address=127.0.0.1:6390 " in dry_run
     assert "RAY_ADDRESS=127.0.0.1:6390 .venv/bin/serve run " in dry_run
     assert "RAY_ADDRESS=127.0.0.1:6390 .venv/bin/python -m deployments.stop" in dry_run
+
+
+def test_does_not_join_where_nothing_listens(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With Ray stopped, `make stop` returns at once instead of waiting on `ray.init`'s retries."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{free.getsockname()[1]}"  # bound, not listening: connections are refused
+        monkeypatch.setenv("RAY_ADDRESS", address)
+        monkeypatch.setattr("ray.init", lambda **kwargs: pytest.fail("joined with nothing listening"))
+        assert stop.join_cluster() is None
+    assert f"nothing listens at RAY_ADDRESS={address}" in capsys.readouterr().out
+
+
+def test_listens_where_a_socket_accepts() -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        assert stop.listens(f"127.0.0.1:{server.getsockname()[1]}")
+    assert not stop.listens("not-an-address")
