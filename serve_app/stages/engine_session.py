@@ -40,11 +40,12 @@ import signal
 import threading
 import time
 
+from serve_app import autogroup
+
 ENV = "SERVE_GRAPH_ENGINE_SESSION_OF"
 GRACE_S = 2.0
 # The nice value of the engine's autogroup: a weight of 335 against the graph's 1024 (nice 0).
 AUTOGROUP_NICE = 5
-AUTOGROUP = "/proc/self/autogroup"
 
 # A child of vLLM's logger: printed, as vLLM's own lines are, in the replica's log.
 logger = logging.getLogger("vllm.serve_graph.engine_session")
@@ -82,8 +83,7 @@ def detach() -> None:
 def yield_to_the_graph() -> None:
     """Lower the weight of this process's (new) autogroup; the workers started after it share it."""
     try:
-        with open(AUTOGROUP, "w") as group:
-            group.write(str(AUTOGROUP_NICE))
+        autogroup.set_nice(AUTOGROUP_NICE)
     except OSError as exc:  # a kernel without autogroups: sessions do not matter to its scheduler
         logger.warning("engine core %d keeps its session's weight: %s", os.getpid(), exc)
 

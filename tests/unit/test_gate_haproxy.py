@@ -20,7 +20,7 @@ import pytest
 from load.ports import free_port
 from serve_app.config import AppArgs
 from serve_app.ingress.gate.admin import admin, publish_health
-from serve_app.ingress.gate.haproxy import MAPS, MARK, add_gate, real_binary, refusal_body, with_gate
+from serve_app.ingress.gate.haproxy import AUTOGROUP_NICE, MAPS, MARK, add_gate, real_binary, refusal_body, with_gate
 from serve_app.ingress.gate.publisher import RefusalCounts, entries, publish
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.test_gate_publisher import RATES, gated
@@ -207,7 +207,7 @@ async def test_publishing_again_replaces_each_models_entries(
     assert [line.split()[1:] for line in shown.strip().splitlines()] == [[app_args.model.name, "9000000000"]]
 
 
-def test_the_script_gates_serves_config_and_execs_haproxy_in_a_session_that_ends_with_its_parent(
+def test_the_script_gates_serves_config_and_execs_haproxy_in_a_weighted_session_that_ends_with_its_parent(
     tmp_path: Path,
 ) -> None:
     config = tmp_path / "haproxy.cfg"
@@ -226,6 +226,8 @@ def test_the_script_gates_serves_config_and_execs_haproxy_in_a_session_that_ends
             time.sleep(0.05)
         assert (tmp_path / "admin.sock").exists() and MARK in config.read_text()
         assert Path(haproxy.exe()) == Path(real_binary()) and os.getsid(haproxy.pid) == haproxy.pid
+        if os.geteuid() == 0:  # a weight above the default needs CAP_SYS_NICE
+            assert Path(f"/proc/{haproxy.pid}/autogroup").read_text().endswith(f" nice {AUTOGROUP_NICE}\n")
         parent.kill()
         parent.wait()
         haproxy.wait(5)  # ended with its parent, or psutil.TimeoutExpired

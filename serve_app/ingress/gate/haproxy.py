@@ -37,6 +37,7 @@ import signal
 import sys
 from pathlib import Path
 
+from serve_app import autogroup
 from serve_app.config import AdmissionConfig
 from serve_app.errors import OverloadedError, error_response
 from serve_app.ingress.completions.protocol import DEFAULT_MAX_TOKENS
@@ -53,6 +54,13 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 SLOTS = [2**k for k in range(10, 0, -1)]  # 1024 ... 2, then 1
 TABLE = "serve_graph_in_flight"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# The nice value of HAProxy's autogroup (`own_session`): a weight of 3121 against the cluster session's
+# 1024. On the AVX2-only kind, at nice 0, HAProxy waited behind the cluster: a burst's refusals at arrival
+# p99 51-171 ms (six rounds), the 200 one-token completions after them served in 6.0-7.0 s; at -5, 38-68
+# ms (four of six under 50) and 3.5-4.3 s, and `/health` under long prompts below `vllm serve`'s in three
+# of four runs against one of four. On the AVX-512 kind (stop 57): refusals under 32 ms in every round,
+# `/health` under long prompts level with `vllm serve`'s (above it in five of eight runs, by 0.9-4.7 ms).
+AUTOGROUP_NICE = -5
 
 # Serve's HTTP frontend, up to its first routing rule: the gate's rules go there, after Serve's own
 # (health checks, routes, its metrics' variables).
@@ -205,6 +213,8 @@ def own_session() -> None:
     prompts `/health`, which it answers, had p99 29-43 ms against `vllm serve`'s 16-28 in the same runs; in
     a session of its own 13-29 against 14-20 (docs/benchmarks.md, 35l-35s). The price, measured in three
     stops: refusals of a burst of 400 answered somewhat later (at arrival p99 27-132 ms against 6-66; 29z-29zd).
+    Its session then runs at a higher weight than the cluster's (`AUTOGROUP_NICE`): refusals and `/health`
+    wait less behind the cluster's processes (measured in `docs/benchmarks-notes.md`, stop 61).
     Leaving the session also leaves the actor's process group, which Ray signals when the actor dies; so
     the kernel sends HAProxy SIGTERM (its hard stop) when its parent ends (`PR_SET_PDEATHSIG`, which
     survives the exec)."""
@@ -216,6 +226,10 @@ def own_session() -> None:
     if os.getppid() != parent:  # the parent ended before the signal was asked for: a front door for no one
         raise SystemExit(f"serve-graph-haproxy: parent {parent} ended before HAProxy started")
     os.setsid()
+    try:
+        autogroup.set_nice(AUTOGROUP_NICE)
+    except OSError as exc:  # without CAP_SYS_NICE: the default weight, as before, said
+        print(f"serve-graph-haproxy: its session keeps the default weight: {exc!r}", file=sys.stderr)
 
 
 def main() -> None:
