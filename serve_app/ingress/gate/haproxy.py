@@ -56,10 +56,10 @@ TABLE = "serve_graph_in_flight"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # The nice value of HAProxy's autogroup (`own_session`): a weight of 3121 against the cluster session's
 # 1024. On the AVX2-only kind, at nice 0, HAProxy waited behind the cluster: a burst's refusals at arrival
-# p99 51-171 ms (six rounds), the 200 one-token completions after them served in 6.0-7.0 s; at -5, 38-68
-# ms (four of six under 50) and 3.5-4.3 s, and `/health` under long prompts below `vllm serve`'s in three
-# of four runs against one of four. On the AVX-512 kind (stop 57): refusals under 32 ms in every round,
-# `/health` under long prompts level with `vllm serve`'s (above it in five of eight runs, by 0.9-4.7 ms).
+# p99 51-171 ms (six rounds, none under 50); at -5, 34-68 ms (nine rounds, six under 50), and `/health`
+# under long prompts below `vllm serve`'s in five of six runs against one of four. On the AVX-512 kind
+# (stop 57): refusals under 32 ms in every round, `/health` under long prompts level with `vllm serve`'s
+# (above it in five of eight runs, by 0.9-4.7 ms). docs/benchmarks-notes.md, stops 57 and 61.
 AUTOGROUP_NICE = -5
 
 # Serve's HTTP frontend, up to its first routing rule: the gate's rules go there, after Serve's own
