@@ -168,9 +168,10 @@ def join_cluster() -> str | None:
     """Joins the Ray cluster this node belongs to; returns the node's id (None without a cluster)."""
     import ray
 
-    # `make stop` names make serve's cluster in RAY_ADDRESS; without it, `auto` joins the newest.
+    # `make stop` names make serve's cluster in RAY_ADDRESS; without it, `auto` joins the newest. Only a
+    # host and port is checked here; `auto` or `ray://...` are Ray's to resolve.
     address = os.environ.get("RAY_ADDRESS", "")
-    if address and not listens(address):
+    if re.fullmatch(r"[\w.-]+:\d+", address) and not listens(address):
         print(f"no Ray cluster to stop Serve on: nothing listens at RAY_ADDRESS={address}")
         return None
     try:
@@ -189,7 +190,7 @@ def listens(address: str, timeout_s: float = 2.0) -> bool:
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s):
             return True
-    except (OSError, ValueError):
+    except OSError:
         return False
 
 

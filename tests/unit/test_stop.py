@@ -208,4 +208,17 @@ def test_listens_where_a_socket_accepts() -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         assert stop.listens(f"127.0.0.1:{server.getsockname()[1]}")
-    assert not stop.listens("not-an-address")
+
+
+@pytest.mark.parametrize("address", ["auto", "ray://127.0.0.1:10001"])
+def test_leaves_addresses_that_are_not_host_and_port_to_ray(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    monkeypatch.setattr(stop, "listens", lambda address: pytest.fail(f"checked {address}"))
+    asked = []
+
+    def no_cluster(**kwargs: Any) -> None:
+        asked.append(kwargs["address"])
+        raise ConnectionError("no cluster")
+
+    monkeypatch.setattr("ray.init", no_cluster)
+    assert stop.join_cluster() is None and asked == ["auto"]
