@@ -156,7 +156,7 @@ def _stopped_after(seconds: float) -> asyncio.Event:
 def test_bench_sends_probes_beside_the_load(services: Services, tmp_path: Path) -> None:
     with serving(create_app(services)) as url:
         results = main([
-            "--target", f"a={url}", "--concurrency", "2", "--duration", "0.5", "--input-len", "16",
+            "--target", f"a={url}", "--concurrency", "2", "--duration", "1.0", "--input-len", "16",
             "--output-len", "4", "--text-probe-interval", "0.05", "--text-probe-len", "8", "--rest", "0",
             "--out", str(tmp_path), "--no-plots", "--no-progress",
         ])  # fmt: skip
