@@ -23,6 +23,7 @@ from serve_app.ingress.gate.admin import admin, publish_health
 from serve_app.ingress.gate.haproxy import AUTOGROUP_NICE, MAPS, MARK, add_gate, real_binary, refusal_body, with_gate
 from serve_app.ingress.gate.publisher import RefusalCounts, entries, publish
 from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.test_engine_session import autogroup
 from tests.unit.test_gate_publisher import RATES, gated
 
 # Serve 2.60's rendered config, cut to what the gate relies on: the admin socket and `http_frontend`.
@@ -227,7 +228,7 @@ def test_the_script_gates_serves_config_and_execs_haproxy_in_a_weighted_session_
         assert (tmp_path / "admin.sock").exists() and MARK in config.read_text()
         assert Path(haproxy.exe()) == Path(real_binary()) and os.getsid(haproxy.pid) == haproxy.pid
         if os.geteuid() == 0:  # a weight above the default needs CAP_SYS_NICE
-            assert Path(f"/proc/{haproxy.pid}/autogroup").read_text().endswith(f" nice {AUTOGROUP_NICE}\n")
+            assert autogroup(haproxy.pid).endswith(f" nice {AUTOGROUP_NICE}")
         parent.kill()
         parent.wait()
         haproxy.wait(5)  # ended with its parent, or psutil.TimeoutExpired
