@@ -21,7 +21,16 @@ import pytest
 from load.ports import free_port
 from serve_app.config import AppArgs
 from serve_app.ingress.gate.admin import admin, publish_health
-from serve_app.ingress.gate.haproxy import AUTOGROUP_NICE, MAPS, MARK, add_gate, real_binary, refusal_body, with_gate
+from serve_app.ingress.gate.haproxy import (
+    AUTOGROUP_NICE,
+    MAPS,
+    MARK,
+    REALTIME_PRIORITY,
+    add_gate,
+    real_binary,
+    refusal_body,
+    with_gate,
+)
 from serve_app.ingress.gate.publisher import RefusalCounts, entries, publish
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.test_engine_session import autogroup
@@ -211,6 +220,12 @@ async def test_publishing_again_replaces_each_models_entries(
     assert [line.split()[1:] for line in shown.strip().splitlines()] == [[app_args.model.name, "9000000000"]]
 
 
+def may_run_realtime() -> bool:
+    """Whether a process of this user may enter SCHED_FIFO here (CAP_SYS_NICE and a cgroup that allows it)."""
+    code = "import os; os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True).returncode == 0
+
+
 def test_the_script_gates_serves_config_and_execs_haproxy_in_a_weighted_session_that_ends_with_its_parent(
     tmp_path: Path,
 ) -> None:
@@ -232,6 +247,9 @@ def test_the_script_gates_serves_config_and_execs_haproxy_in_a_weighted_session_
         assert Path(haproxy.exe()) == Path(real_binary()) and os.getsid(haproxy.pid) == haproxy.pid
         if os.geteuid() == 0:  # a weight above the default needs CAP_SYS_NICE
             assert autogroup(haproxy.pid).endswith(f" nice {AUTOGROUP_NICE}")
+        if may_run_realtime():
+            assert os.sched_getscheduler(haproxy.pid) == os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+            assert os.sched_getparam(haproxy.pid).sched_priority == REALTIME_PRIORITY
         parent.kill()
         parent.wait()
         haproxy.wait(5)  # ended with its parent, or psutil.TimeoutExpired

@@ -61,6 +61,15 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # (stop 57): refusals under 32 ms in every round, `/health` under long prompts level with `vllm serve`'s
 # (above it in five of eight runs, by 0.9-4.7 ms). docs/benchmarks-notes.md, stops 57 and 61.
 AUTOGROUP_NICE = -5
+# Above that, HAProxy runs under SCHED_FIFO at the lowest real-time priority: it runs as soon as a request
+# or a byte of a stream reaches it, before any process of the default class, and yields when it waits
+# again. What it spends is small (~1 ms of CPU a streamed request, ~0.24 s for a burst round of 600), and
+# the kernel caps real-time tasks at 95 % of each second (`kernel.sched_rt_runtime_us`) should it spin.
+# On the AVX2-only kind, A/B on one running graph (docs/benchmarks-notes.md, stop 62): a burst's refusals
+# at arrival p99 0.1-32 ms over four rounds against 38-57 ms at the weight alone; throughput and `/health`
+# under ordinary load within the runs' spread. Its children (it forks none in Serve's use) start in the
+# default class again (`SCHED_RESET_ON_FORK`).
+REALTIME_PRIORITY = 1
 
 # Serve's HTTP frontend, up to its first routing rule: the gate's rules go there, after Serve's own
 # (health checks, routes, its metrics' variables).
@@ -213,8 +222,9 @@ def own_session() -> None:
     prompts `/health`, which it answers, had p99 29-43 ms against `vllm serve`'s 16-28 in the same runs; in
     a session of its own 13-29 against 14-20 (docs/benchmarks.md, 35l-35s). The price, measured in three
     stops: refusals of a burst of 400 answered somewhat later (at arrival p99 27-132 ms against 6-66; 29z-29zd).
-    Its session then runs at a higher weight than the cluster's (`AUTOGROUP_NICE`): refusals and `/health`
-    wait less behind the cluster's processes (measured in `docs/benchmarks-notes.md`, stop 61).
+    Its session then runs at a higher weight than the cluster's (`AUTOGROUP_NICE`), and HAProxy itself at a
+    real-time priority (`REALTIME_PRIORITY`): refusals and `/health` do not wait behind the cluster's
+    processes (measured in `docs/benchmarks-notes.md`, stops 61 and 62).
     Leaving the session also leaves the actor's process group, which Ray signals when the actor dies; so
     the kernel sends HAProxy SIGTERM (its hard stop) when its parent ends (`PR_SET_PDEATHSIG`, which
     survives the exec)."""
@@ -230,6 +240,10 @@ def own_session() -> None:
         autogroup.set_nice(AUTOGROUP_NICE)
     except OSError as exc:  # without CAP_SYS_NICE: the default weight, as before, said
         print(f"serve-graph-haproxy: its session keeps the default weight: {exc!r}", file=sys.stderr)
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(REALTIME_PRIORITY))
+    except OSError as exc:  # without CAP_SYS_NICE, or a cgroup without real-time time: the default class
+        print(f"serve-graph-haproxy: runs in the default scheduling class: {exc!r}", file=sys.stderr)
 
 
 def main() -> None:
