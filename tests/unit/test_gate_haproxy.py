@@ -257,3 +257,21 @@ def test_the_script_gates_serves_config_and_execs_haproxy_in_a_weighted_session_
         parent.kill()
         if haproxy.is_running():
             haproxy.kill()
+
+
+def test_without_the_right_to_raise_its_priority_haproxy_says_so_and_starts_at_the_default() -> None:
+    # In a child: `own_session` leaves the session of whoever calls it.
+    script = """import os
+def refuse(*args):
+    raise PermissionError(1, "Operation not permitted")
+os.sched_setscheduler = refuse
+from serve_app import autogroup
+autogroup.set_nice = refuse
+from serve_app.ingress.gate.haproxy import own_session
+own_session()
+print(os.getsid(0) == os.getpid(), os.sched_getscheduler(0))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", str(os.SCHED_OTHER)]
+    assert "keeps the default weight" in result.stderr and "runs in the default scheduling class" in result.stderr
