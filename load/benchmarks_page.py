@@ -124,7 +124,25 @@ def health_probe(result: dict[str, Any]) -> list[str]:
                   "loaded; a target's probe minus the floor's beside it is its own share.", "",
                   "| target | its p99 ms | floor p50 | floor p99 | own share p50 | p99 | max |",
                   "|---|---|---|---|---|---|---|", *floors]  # fmt: skip
+    lines += _stamped_health(targets)
     return [*lines, *report.handicap_notes(handicapped), "", *_meta(result)]
+
+
+def _stamped_health(targets: dict[str, Any]) -> list[str]:
+    """The long prompts' `/health` by the kernel's stamps; nothing for runs before they were taken."""
+    rows = []
+    for name, t in targets.items():
+        if stamped := t.get("loaded_health_stamped_ms"):
+            floor = t.get("floor_health_stamped_ms")
+            floor_cells = f"{_ms(floor['p50'])} | {_ms(floor['p99'])}" if floor else "- | -"
+            rows.append(f"| {name} | {_ms(stamped['p50'])} | {_ms(stamped['p99'])} | {_ms(stamped['max'])} "
+                        f"| {stamped['unstamped']} | {floor_cells} |")  # fmt: skip
+    if not rows:
+        return []
+    return ["", "The same loaded probes as the kernel stamped them: from just before each was written to the "
+            "arrival of its answer's last bytes, without the probe process's own wait to read them.", "",
+            "| target | p50 ms | p99 | max | unstamped | floor p50 | floor p99 |",
+            "|---|---|---|---|---|---|---|", *rows]  # fmt: skip
 
 
 def overhead(result: dict[str, Any]) -> list[str]:

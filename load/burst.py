@@ -23,7 +23,6 @@ import asyncio
 import json
 import random
 import socket
-import struct
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -34,9 +33,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from load import kernel_stamps
 from load.bench import targets
 from load.bench.datasets import WORDS
-from load.bench.health import ProbeProcess, summarize
+from load.bench.health import ProbeProcess, summarize, summarize_stamped
 from load.meta import run_meta, save_result
 from load.stats import summary_ms
 
@@ -70,12 +70,6 @@ def classify(status: int, headers: bytes, body: bytes) -> str:
     return f"HTTP {status}"
 
 
-# Linux's SO_TIMESTAMPNS (and its SCM_ message type): the kernel stamps each received segment with the
-# wall-clock time it arrived, a struct timespec. The `socket` module does not name it.
-SO_TIMESTAMPNS = 35
-TIMESPEC = struct.Struct("qq")
-
-
 class Reception:
     """One request written and its answer read as it comes (`Connection: close` ends it). A read also
     returns the kernel's stamp of the latest segment it took (merged segments carry the later one), so
@@ -102,19 +96,14 @@ class Reception:
 
     def _readable(self) -> None:
         try:
-            chunk, ancillary, _, _ = self.sock.recvmsg(65536, socket.CMSG_SPACE(TIMESPEC.size))
+            chunk, stamp = kernel_stamps.receive(self.sock)
         except BlockingIOError:
             return
         except OSError as exc:
             return self._finish(exc)
         if chunk and not self.data:
             self.seen = time.perf_counter()
-            self.arrived_wall = next(
-                (sec + nsec / 1e9 for level, kind, raw in ancillary
-                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS
-                 for sec, nsec in [TIMESPEC.unpack(raw[: TIMESPEC.size])]),
-                None,
-            )  # fmt: skip
+            self.arrived_wall = stamp
         self.data += chunk
         if chunk:
             return
@@ -158,31 +147,11 @@ class Reception:
                       self.ended - sent, arrival)  # fmt: skip
 
 
-def wait_for_receive_stamps(timeout_s: float = 1.0) -> None:
-    """Returns once the kernel stamps the TCP segments it receives (or after `timeout_s`, with answers
-    then possibly unstamped). Linux stamps received packets only while some socket on the machine asks
-    for stamps, and turns that on in a deferred work item after the first one asks: TCP segments that
-    arrive before are not stamped at all (3 of 20 first segments on loopback, in fresh processes here).
-    An answer whose first segment has no stamp has no arrival time, and drops out of the refusal times at
-    arrival. Called while the burst's own sockets ask for stamps, so that they stay on."""
-    deadline = time.monotonic() + timeout_s
-    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as ours:
-        ours.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-        theirs, _ = server.accept()
-        with theirs:
-            while time.monotonic() < deadline:
-                theirs.sendall(b"x")
-                _, ancillary, _, _ = ours.recvmsg(1, socket.CMSG_SPACE(TIMESPEC.size))
-                if ancillary:
-                    return
-                time.sleep(0.001)
-
-
 async def connect(family: int, address: Any) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setblocking(False)
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        kernel_stamps.ask(sock)
         await asyncio.get_running_loop().sock_connect(sock, address)
     except BaseException:
         sock.close()
@@ -205,7 +174,7 @@ async def burst(
     connected = await asyncio.gather(*(connect(family, address) for _ in range(n)), return_exceptions=True)
     receptions = {i: Reception(c) for i, c in enumerate(connected) if isinstance(c, socket.socket)}
     try:
-        wait_for_receive_stamps()
+        kernel_stamps.wait_until_stamping()
         sent = time.perf_counter()
         for i, reception in receptions.items():
             await reception.send(bodies[i])
@@ -241,6 +210,7 @@ async def measure(url: str, n: int, max_tokens: int, opts: argparse.Namespace, s
         "served_done_ms": summary_ms([a.done_s for a in ok if a.kind == "served"]),
         "wall_s": wall,
         "health": summarize(samples),
+        "health_stamped": summarize_stamped(samples),
     }
 
 
@@ -249,8 +219,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "| target | round | requests x max_tokens | served | refused (JSON + Retry-After) | other | "
         "refusal p50 | p99 | max | at arrival p50 | p99 | max | served first byte p50 | p99 | served done max | "
-        "/health p99 | max |",
-        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "/health p99 | max | stamped p99 |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:
         outcomes = dict(row["outcomes"])
@@ -259,11 +229,12 @@ def markdown(result: dict[str, Any]) -> str:
         r, f, d, h = row["refusal_ms"], row["served_first_byte_ms"], row["served_done_ms"], row["health"]
         a = row.get("refusal_arrival_ms")  # results before stop 37 have none
         arrival = f"{a['p50']:.0f} | {a['p99']:.0f} | {a['max']:.0f}" if a else "- | - | -"
+        stamped = row.get("health_stamped")  # the kernel's stamps (load/bench/health.py), from stop 63
         lines.append(
             f"| {row['target']} | {row['round']} | {row['requests']} x {row['max_tokens']} | {served} | {refused} "
             f"| {other} | {r['p50']:.0f} | {r['p99']:.0f} | {r['max']:.0f} | {arrival} "
             f"| {f['p50']:.0f} | {f['p99']:.0f} | {d['max']:.0f} "
-            f"| {h['p99']:.1f} | {h['max']:.1f} |"
+            f"| {h['p99']:.1f} | {h['max']:.1f} | {'-' if stamped is None else format(stamped['p99'], '.1f')} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -11,6 +11,9 @@ probed too, at the same instants and from the same process (the target's probe i
 target is loaded: what any server on the machine gets under that load, the probe's own wake-ups included
 (the load client saturates the same cores). A target's probe minus the floor's beside it is the target's
 own share (`above_floor_ms`).
+
+Each probe is also timed by the kernel's stamps (`*_stamped_ms`, load/bench/health.py): the server's own time
+to answer, without the probe process's wait for a CPU.
 `python -m load.health_probe --target graph=http://127.0.0.1:8000 --target baseline=http://127.0.0.1:8001`
 """
 
@@ -30,7 +33,7 @@ from typing import Any
 import httpx
 
 from load.bench import targets
-from load.bench.health import HealthSample, ProbeProcess, loop_lag, summarize
+from load.bench.health import HealthSample, ProbeProcess, loop_lag, summarize, summarize_stamped
 from load.meta import run_meta, save_result
 from load.stats import summary_ms
 
@@ -89,7 +92,8 @@ async def measure(url: str, concurrency: int, duration_s: float, prompts: list[s
         stop.set()
         await asyncio.gather(*tasks)
         lags = await lag
-    return {"idle_health_ms": summarize(idle), "loaded_health_ms": summarize(loaded), **floor_summary(loaded),
+    return {"idle_health_ms": summarize(idle), "loaded_health_ms": summarize(loaded),
+            "loaded_health_stamped_ms": summarize_stamped(loaded), **floor_summary(loaded),
             "responses": dict(statuses), "requests_per_s": sum(statuses.values()) / duration_s,
             "load_client_lag_max_ms": round(1000 * max(lags, default=0.0), 1)}  # fmt: skip
 
@@ -101,6 +105,7 @@ def floor_summary(samples: list[HealthSample]) -> dict[str, Any]:
     if not pairs:
         return {}
     return {"floor_health_ms": summarize([floor for _, floor in pairs]),
+            "floor_health_stamped_ms": summarize_stamped([floor for _, floor in pairs]),
             "above_floor_ms": summary_ms([s.latency - floor.latency for s, floor in pairs])}  # fmt: skip
 
 

@@ -1,6 +1,8 @@
 """Benchmark one or more OpenAI-compatible servers side by side, as `vllm bench serve` measures them:
 request and output-token throughput, goodput, TTFT, TPOT, ITL and E2EL (mean, P50, P90, P99), with
-`/health` probed every 100 ms beside the load. Targets take turns at each level, for --rounds rounds.
+`/health` probed every 100 ms beside the load, from a process in a session of its own (load/bench/health.py:
+timed as that process sees it, and by the kernel's stamps). Targets take turns at each level, for --rounds
+rounds.
 
   python -m load.bench --target graph=http://127.0.0.1:8000 --target baseline=http://127.0.0.1:8001 \\
       --concurrency 1 4 16 --duration 20 --rounds 3 --goodput ttft:500 tpot:50

@@ -1,21 +1,32 @@
-"""`/health` latency probes, run beside the load: a stalled event loop shows here first."""
+"""`/health` latency probes, run beside the load from a process of their own: a stalled event loop shows
+here first.
+
+Each answer is timed twice: on the probe process's clock (`latency`, what a prober waits), and from just
+before the request was written to the kernel's receive stamp of the answer's last bytes (`stamped`,
+load/kernel_stamps.py): the server's own time, without the probe process's wait for a CPU to read it,
+which on two cores shared with the load is most of the first's p99.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import multiprocessing
 import os
+import select
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
-
+from load import kernel_stamps
 from load.stats import percentile, summary_ms
+
+# As long as the load's own requests may take: a server that answers later is still answering.
+TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -27,43 +38,143 @@ class HealthSample:
     # A probe of another server sent at the same instant by the same process (load.health_probe's floor):
     # what the two share (this process waking, the machine's load) cancels in the difference.
     beside: HealthSample | None = None
+    # Seconds from just before the request was written to the kernel's stamp of the answer's last bytes;
+    # None for a failure or an answer the kernel did not stamp.
+    stamped: float | None = None
 
 
-async def probe(client: httpx.AsyncClient, base_url: str, stop: asyncio.Event, interval_s: float,
-                beside: str | None = None) -> list[HealthSample]:  # fmt: skip
-    """Probes started every `interval_s`, one at a time, until `stop` is set; with `beside`, a probe of that
-    server's `/health` goes at the same instant as each (`HealthSample.beside`).
+class HealthConnection:
+    """A keep-alive HTTP/1.1 connection to one server's `GET /health`, opened again after a failure or a
+    `Connection: close`."""
+
+    def __init__(self, base_url: str) -> None:
+        url = urlsplit(base_url)
+        if url.scheme != "http" or url.hostname is None:
+            raise ValueError(f"/health is probed over plain http, not {base_url!r}")
+        self._address = (url.hostname, url.port or 80)
+        self._request = f"GET {url.path.rstrip('/')}/health HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode()
+        self._sock: socket.socket | None = None
+        self._data = bytearray()
+        self._sent_at = self._sent_wall = 0.0
+        self._stamp: float | None = None
+        self.sample: HealthSample | None = None  # the last probe's, once it ended
+
+    def fileno(self) -> int:
+        return -1 if self._sock is None else self._sock.fileno()
+
+    def send(self) -> bool:
+        """Writes a probe (connecting first if need be); False if that already failed."""
+        self._data.clear()
+        self._stamp = self.sample = None
+        self._sent_at = time.perf_counter()
+        try:
+            if self._sock is None:
+                self._sock = socket.create_connection(self._address, timeout=TIMEOUT_S)
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                kernel_stamps.ask(self._sock)
+            self._sent_wall = time.time()
+            self._sock.sendall(self._request)
+        except OSError as exc:
+            self.fail(exc)
+            return False
+        return True
+
+    def readable(self) -> bool:
+        """Reads what came; True once the probe ended (answered or failed)."""
+        assert self._sock is not None
+        try:
+            chunk, stamp = kernel_stamps.receive(self._sock)
+        except OSError as exc:
+            self.fail(exc)
+            return True
+        self._data += chunk
+        self._stamp = stamp  # the latest read's: the answer's last bytes, once it is whole
+        try:
+            parsed = _answer(bytes(self._data), ended=not chunk)
+        except ValueError as exc:
+            self.fail(exc)
+            return True
+        if parsed is None:
+            if not chunk:
+                self.fail(ConnectionError("closed before the answer ended"))
+            return not chunk
+        status, keep_alive = parsed
+        stamped = None if self._stamp is None else self._stamp - self._sent_wall
+        self.sample = HealthSample(self._sent_at, time.perf_counter() - self._sent_at, status, stamped=stamped)
+        if not keep_alive:
+            self.close()
+        return True
+
+    def ended(self) -> HealthSample:
+        assert self.sample is not None, "read before the probe ended"
+        return self.sample
+
+    def fail(self, error: Exception) -> None:
+        self.sample = HealthSample(self._sent_at, time.perf_counter() - self._sent_at, None, type(error).__name__)
+        self.close()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+def _answer(data: bytes, ended: bool) -> tuple[int, bool] | None:
+    """(status, whether the connection stays open) once `data` holds a whole answer; None before."""
+    head, found, body = data.partition(b"\r\n\r\n")
+    if not found:
+        return None
+    status_line, *lines = head.split(b"\r\n")
+    parts = status_line.split(b" ", 2)
+    if not status_line.startswith(b"HTTP/") or len(parts) < 2 or not parts[1].isdigit():
+        raise ValueError(f"no HTTP answer: {status_line[:40]!r}")
+    headers = {name.strip().lower(): value.strip().lower() for name, _, value in (h.partition(b":") for h in lines)}
+    keep_alive = headers.get(b"connection") != b"close"
+    if b"content-length" in headers:
+        whole = len(body) >= int(headers[b"content-length"])
+    elif headers.get(b"transfer-encoding") == b"chunked":
+        whole = body.endswith(b"0\r\n\r\n")
+    else:  # the body runs to the connection's end
+        whole, keep_alive = ended, False
+    return (int(parts[1]), keep_alive) if whole else None
+
+
+def probe_once(connections: Sequence[HealthConnection]) -> list[HealthSample]:
+    """One probe of each connection's server: all written, then each answer read as it comes."""
+    pending = [c for c in connections if c.send()]
+    deadline = time.monotonic() + TIMEOUT_S
+    while pending:
+        ready, _, _ = select.select(pending, [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            for connection in pending:
+                connection.fail(TimeoutError())
+            break
+        pending = [c for c in pending if not (c in ready and c.readable())]
+    return [c.ended() for c in connections]
+
+
+def probe_until(told: Connection, connections: Sequence[HealthConnection], interval_s: float) -> list[HealthSample]:
+    """Probes started every `interval_s`, one at a time, until `told` has a message; the first connection's
+    samples, each with the others' of the same instant `beside` it (load.health_probe's floor).
 
     A probe that outlasts the interval delays the next one instead of piling up: the samples then
     thin out, and the long one shows in the maximum.
     """
     samples: list[HealthSample] = []
     next_at = time.perf_counter()
-    while not stop.is_set():
-        if beside is None:
-            samples.append(await _probe_once(client, base_url))
-        else:
-            sample, other = await asyncio.gather(_probe_once(client, base_url), _probe_once(client, beside))
-            samples.append(dataclasses.replace(sample, beside=other))
+    while True:
+        sample, *others = probe_once(connections)
+        samples.append(dataclasses.replace(sample, beside=others[0]) if others else sample)
         next_at = max(next_at + interval_s, time.perf_counter())
-        await asyncio.sleep(next_at - time.perf_counter())
-    return samples
-
-
-async def _probe_once(client: httpx.AsyncClient, base_url: str) -> HealthSample:
-    sent_at = time.perf_counter()
-    try:
-        response = await client.get(f"{base_url}/health")
-        return HealthSample(sent_at, time.perf_counter() - sent_at, response.status_code)
-    except httpx.HTTPError as exc:  # an unanswered probe is the very thing being measured
-        return HealthSample(sent_at, time.perf_counter() - sent_at, None, type(exc).__name__)
+        if told.poll(max(0.0, next_at - time.perf_counter())):
+            return samples
 
 
 PROCESS_NAME = "health-probe"
 
 
 class ProbeProcess:
-    """`probe` run in a process of its own, from entering the `with` until `stop()`, which returns its
+    """`probe_until` run in a process of its own, from entering the `with` until `stop()`, which returns its
     samples (`sent_at` on the same monotonic clock as this process's perf_counter).
 
     A load client that saturates its own event loop (hundreds of connections, 300 KB bodies) times
@@ -98,30 +209,18 @@ class ProbeProcess:
         return samples
 
 
-def _probe_until_told(conn: Connection, url: str, interval_s: float, beside: str | None, own_session: bool) -> None:
+def _probe_until_told(told: Connection, url: str, interval_s: float, beside: str | None, own_session: bool) -> None:
     if own_session:
         os.setsid()
-
-    async def run() -> list[HealthSample]:
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_reader(conn.fileno(), stop.set)
-        async with httpx.AsyncClient(timeout=300) as client:
-            for each in (url, beside) if beside else (url,):
-                await warm_up(client, each)
-            task = asyncio.create_task(probe(client, url, stop, interval_s, beside))
-            conn.send("ready")
-            return await task
-
-    conn.send(asyncio.run(run()))
-
-
-async def warm_up(client: httpx.AsyncClient, url: str) -> None:
-    """One probe not recorded: a fresh process's first request pays for its client's lazy imports and its
-    connection (27-30 ms here against an idle server that answers the next ones in 1 ms), which then
-    stood among the top 1 % of a minute's probes of any server, idle or loaded."""
-    # A server that does not answer fails the recorded probes too, and each of those is a sample.
-    with contextlib.suppress(httpx.HTTPError):
-        await client.get(f"{url}/health")
+    connections = [HealthConnection(each) for each in ((url, beside) if beside else (url,))]
+    # One probe not recorded: a fresh process's first request pays for its connection, which then stood
+    # among the top 1 % of a minute's probes of any server, idle or loaded (27-30 ms against 1 ms).
+    probe_once(connections)
+    kernel_stamps.wait_until_stamping()
+    told.send("ready")
+    told.send(probe_until(told, connections, interval_s))
+    for connection in connections:
+        connection.close()
 
 
 async def loop_lag(stop: asyncio.Event, interval_s: float = 0.01) -> list[float]:
@@ -157,3 +256,11 @@ def summarize(samples: Sequence[HealthSample]) -> dict[str, Any]:
     summary: dict[str, Any] = dict(summary_ms([s.latency for s in samples]))
     summary["failures"] = sum(s.status != 200 for s in samples)
     return summary
+
+
+def summarize_stamped(samples: Sequence[HealthSample]) -> dict[str, Any]:
+    """The answered probes' `stamped` times in ms (n, mean, p50, p95, p99, max), and how many answered
+    probes the kernel did not stamp."""
+    answered = [s for s in samples if s.status is not None]
+    stamped = [s.stamped for s in answered if s.stamped is not None]
+    return {**summary_ms(stamped), "unstamped": len(answered) - len(stamped)}

@@ -55,6 +55,7 @@ def build(
             mine = [c for c in cells if c.cell.target == name and c.cell.level == level]
             pooled = compute([r for c in mine for r in c.records], sum(c.duration_s for c in mine))
             pooled["health_ms"] = health.summarize([s for c in mine for s in c.health])
+            pooled["health_stamped_ms"] = health.summarize_stamped([s for c in mine for s in c.health])
             pooled["client_loop_lag_ms"] = summary_ms([lag for c in mine for lag in c.loop_lag])
             pooled["cpu"] = cpu.pool([c.cpu for c in mine], pooled["completed"], (rest or {}).get(name))
             if probes := text_probe.summarize([r for c in mine for r in c.text_probes]):
@@ -205,6 +206,28 @@ def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
     return lines
 
 
+def _stamped_health_table(level_name: str, rows: list[Row]) -> list[str]:
+    """`/health` by the kernel's stamps (load/bench/health.py); nothing for runs before they were taken."""
+    stamped = [(level, name, m["health_stamped_ms"]) for level, name, m in rows if "health_stamped_ms" in m]
+    if not stamped:
+        return []
+    lines = [
+        "",
+        "`/health` as the kernel stamped it, in ms: from just before each probe was written to the arrival of its "
+        "answer's last bytes, without the probe process's own wait to read them (the table above includes it)",
+        "",
+        f"| target | {level_name} | stamped | unstamped | p50 | p95 | p99 | max |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for level, name, h in stamped:
+        lines.append(
+            f"| {name} | {level} | {h['n']} | {h['unstamped']} | "
+            + " | ".join(_num(h[k], 2) for k in ("p50", "p95", "p99", "max"))
+            + " |"
+        )
+    return lines
+
+
 def _text_probe_table(level_name: str, rows: list[Row], config: dict[str, Any]) -> list[str]:
     """The text probes' table (`text_probe.py`; how they were sent: the run's `config`); nothing without probes."""
     probed = [(level, name, m["text_probe"]) for level, name, m in rows if m.get("text_probe")]
@@ -304,6 +327,7 @@ def markdown(results: dict[str, Any]) -> str:
     speech = results.get("endpoint") == "speech"
     lines = _speech_table(level_name, rows) if speech else _text_tables(results, level_name, rows)
     lines += _vs_graph(results, level_name, speech)
+    lines += _stamped_health_table(level_name, rows)
     lines += _text_probe_table(level_name, rows, results["config"])
     lines += cpu.markdown(level_name, rows)
     stages = [stage for stage in STAGE_HEADERS.values() if any(stage in m["stage_ms"] for _, _, m in rows)]

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -17,7 +18,7 @@ from load.bench import text_probe, tts
 from load.bench.client import Endpoint, RequestRecord, send
 from load.bench.cpu import CellCpu, Meter, at_rest
 from load.bench.datasets import Dataset, WordDataset
-from load.bench.health import HealthSample, loop_lag, probe
+from load.bench.health import HealthSample, ProbeProcess, loop_lag
 
 Mode = Literal["concurrency", "rate"]
 
@@ -197,10 +198,10 @@ class Runner:
         w = self.workload
         capacity = int(max(w.levels)) if w.mode == "concurrency" else w.max_concurrency
         limits = httpx.Limits(max_connections=capacity, max_keepalive_connections=capacity)
-        # Probes get their own pool: queued behind busy load connections they would time the pool.
+        # Text probes get their own pool: queued behind busy load connections they would time the pool.
         async with (
             httpx.AsyncClient(timeout=w.request_timeout_s, limits=limits) as client,
-            httpx.AsyncClient(timeout=w.request_timeout_s) as health_client,
+            httpx.AsyncClient(timeout=w.request_timeout_s) as probe_client,
         ):
             for target in self.targets.values():
                 warm = self._sender(client, target, report=False)
@@ -209,51 +210,49 @@ class Runner:
             results = []
             for cell in schedule(list(self.targets), w.levels, w.rounds, w.rotate):
                 self.progress.start_cell(cell)
-                result = await self._run_cell(client, health_client, cell)
+                result = await self._run_cell(client, probe_client, cell)
                 self.progress.end_cell(result)
                 results.append(result)
             if self.cpu and w.rest_s > 0:
                 await asyncio.sleep(REST_SETTLE_S)
-                self.rest = await self._at_rest(self.cpu, health_client)
+                self.rest = await self._at_rest(self.cpu)
         return results
 
-    async def _at_rest(self, meter: Meter, health_client: httpx.AsyncClient) -> dict[str, CellCpu]:
+    async def _at_rest(self, meter: Meter) -> dict[str, CellCpu]:
         """Every target at once, probed as in a cell, so that what a cell spends above this is its requests'
         alone. After the cells rather than before them: a Ray cluster is busier for minutes after it starts
         (the default config, two minutes after `make serve`: 0.35 of a core outside the engines, probed;
         ten minutes later 0.27 without probes), and whatever the first request starts is running by then."""
         w = self.workload
-        stop = asyncio.Event()
-        probes = [probe(health_client, t.url, stop, w.health_interval_s) for t in self.targets.values()]
-        tasks = [asyncio.create_task(p) for p in probes]
-        try:
+        with contextlib.ExitStack() as probing:
+            for target in self.targets.values():
+                probing.enter_context(ProbeProcess(target.url, w.health_interval_s))
             return await asyncio.to_thread(at_rest, meter, list(self.targets), w.rest_s)
-        finally:
-            stop.set()
-            await asyncio.gather(*tasks)
 
-    async def _run_cell(self, client: httpx.AsyncClient, health_client: httpx.AsyncClient, cell: Cell) -> CellResult:
+    async def _run_cell(self, client: httpx.AsyncClient, probe_client: httpx.AsyncClient, cell: Cell) -> CellResult:
         w = self.workload
         target = self.targets[cell.target]
         send_next = self._sender(client, target, report=True)
-        # A thread: reading every process's /proc entries takes a while on a busy machine.
-        before = await asyncio.to_thread(self.cpu.snapshot) if self.cpu else None
-        stop = asyncio.Event()
-        probes = asyncio.create_task(probe(health_client, target.url, stop, w.health_interval_s))
-        lags = asyncio.create_task(loop_lag(stop))
-        texts = asyncio.create_task(self._text_probes(health_client, target, stop))
-        started_at = time.perf_counter()
-        if w.mode == "concurrency":
-            records = await closed_loop(
-                send_next, int(cell.level), w.duration_s, w.honor_retry_after, w.min_ok, w.max_duration_s
-            )
-        else:
-            # The same arrival times for every target of a (round, level): only the target differs.
-            rng = random.Random(f"{w.seed}:{cell.round}:{cell.level}")
-            records = await open_loop(send_next, arrival_offsets(cell.level, w.duration_s, rng), w.max_concurrency)
-        duration_s = time.perf_counter() - started_at
-        stop.set()
-        health, lag, text_probes = await probes, await lags, await texts
+        # `/health` from a process of its own, which this loop's stalls under the load cannot delay.
+        with ProbeProcess(target.url, w.health_interval_s) as prober:
+            # A thread: reading every process's /proc entries takes a while on a busy machine.
+            before = await asyncio.to_thread(self.cpu.snapshot) if self.cpu else None
+            stop = asyncio.Event()
+            lags = asyncio.create_task(loop_lag(stop))
+            texts = asyncio.create_task(self._text_probes(probe_client, target, stop))
+            started_at = time.perf_counter()
+            if w.mode == "concurrency":
+                records = await closed_loop(
+                    send_next, int(cell.level), w.duration_s, w.honor_retry_after, w.min_ok, w.max_duration_s
+                )
+            else:
+                # The same arrival times for every target of a (round, level): only the target differs.
+                rng = random.Random(f"{w.seed}:{cell.round}:{cell.level}")
+                records = await open_loop(send_next, arrival_offsets(cell.level, w.duration_s, rng), w.max_concurrency)
+            duration_s = time.perf_counter() - started_at
+            stop.set()
+            health = prober.stop()
+        lag, text_probes = await lags, await texts
         cpu = None
         if self.cpu and before:
             cpu = self.cpu.measure(cell.target, before, await asyncio.to_thread(self.cpu.snapshot))

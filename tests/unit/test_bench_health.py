@@ -1,33 +1,85 @@
-"""The /health probe's pacing and failure recording, and the client's own event-loop lag."""
+"""The /health probe's pacing, stamps and failure recording, and the client's own event-loop lag."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import itertools
 import multiprocessing
 import os
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-import httpx
+import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from load.bench.health import PROCESS_NAME, HealthSample, ProbeProcess, loop_lag, probe, summarize
+from load import kernel_stamps
+from load.bench.health import (
+    PROCESS_NAME,
+    HealthConnection,
+    ProbeProcess,
+    loop_lag,
+    probe_once,
+    probe_until,
+    summarize,
+    summarize_stamped,
+)
+from load.ports import free_port
 from tests.unit.bench_support import serving
 
 
-async def run_probe(handler: httpx.MockTransport, seconds: float, interval_s: float) -> list[HealthSample]:
-    stop = asyncio.Event()
-    async with httpx.AsyncClient(transport=handler) as client:
-        task = asyncio.create_task(probe(client, "http://server", stop, interval_s))
-        await asyncio.sleep(seconds)
-        stop.set()
-        return await task
+@contextmanager
+def answering(answers: Iterator[bytes], delay_s: float = 0.0) -> Iterator[str]:
+    """A server on a real port that answers each request on a connection with the next of `answers`,
+    `delay_s` after reading it; a connection is closed after an answer with `Connection: close`."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                await asyncio.sleep(delay_s)
+                answer = next(answers)
+                writer.write(answer)
+                await writer.drain()
+                if b"Connection: close" in answer:
+                    break
+        writer.close()
+
+    started = threading.Event()
+    port = free_port()
+    stop: list[Callable[[], object]] = []
+
+    async def main() -> None:
+        stopped = asyncio.Event()
+        stop.append(functools.partial(asyncio.get_running_loop().call_soon_threadsafe, stopped.set))
+        async with await asyncio.start_server(serve, "127.0.0.1", port):
+            started.set()
+            await stopped.wait()
+
+    # asyncio.run cancels the connections' handlers still waiting when it ends.
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop[0]()
+        thread.join(10)
 
 
-async def test_probes_every_interval_and_counts_non_200() -> None:
-    statuses = iter([200, 503] * 10)
-    samples = await run_probe(httpx.MockTransport(lambda _: httpx.Response(next(statuses))), 0.35, 0.1)
+def ok(status: int = 200, extra: str = "") -> bytes:
+    return f"HTTP/1.1 {status} X\r\nContent-Length: 2\r\n{extra}\r\n{{}}".encode()
+
+
+def test_probes_every_interval_and_counts_non_200() -> None:
+    parent, child = multiprocessing.Pipe()
+    with answering(itertools.cycle([ok(200), ok(503)])) as url:
+        threading.Timer(0.35, parent.send, args=("stop",)).start()
+        samples = probe_until(child, [HealthConnection(url)], 0.1)
     # 4 probes at 0, 0.1, 0.2, 0.3 s; 3 if this busy machine delays one (never more than one per interval).
     assert [s.status for s in samples] == [200, 503, 200, 503][: len(samples)] and len(samples) >= 3
     gaps = [b.sent_at - a.sent_at for a, b in itertools.pairwise(samples)]
@@ -36,13 +88,52 @@ async def test_probes_every_interval_and_counts_non_200() -> None:
     assert (summary["n"], summary["failures"]) == (len(samples), len(samples) // 2)
 
 
-async def test_unanswered_probes_are_samples() -> None:
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
+def test_unanswered_probes_are_samples() -> None:
+    connection = HealthConnection(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    samples = [sample for _ in range(2) for sample in probe_once([connection])]
+    assert [(s.status, s.error, s.stamped) for s in samples] == [(None, "ConnectionRefusedError", None)] * 2
+    assert summarize(samples)["failures"] == 2 and summarize_stamped(samples)["n"] == 0
 
-    samples = await run_probe(httpx.MockTransport(refuse), 0.15, 0.1)
-    assert [(s.status, s.error) for s in samples] == [(None, "ConnectError")] * 2
-    assert summarize(samples)["failures"] == 2
+
+def test_the_stamped_time_leaves_out_the_probes_own_wait_to_read() -> None:
+    with answering(itertools.repeat(ok())) as url:
+        connection = HealthConnection(url)
+        probe_once([connection])  # connected, and the kernel stamping
+        kernel_stamps.wait_until_stamping()
+        assert connection.send()
+        time.sleep(0.3)  # a probe process waiting for a CPU while the answer waits in the kernel
+        while not connection.readable():
+            pass
+        sample = connection.ended()
+    assert sample.status == 200 and sample.stamped is not None
+    assert 0 < sample.stamped < 0.2 < 0.3 <= sample.latency
+    ms = sample.stamped * 1000
+    summary = summarize_stamped([sample])
+    assert summary == {"n": 1, "mean": summary["mean"], "p50": ms, "p95": ms, "p99": ms, "max": ms, "unstamped": 0}
+    assert summary["mean"] == pytest.approx(ms)
+
+
+def test_answers_end_by_length_chunks_or_close_and_anything_else_fails() -> None:
+    answers = [
+        ok(204, "Connection: keep-alive\r\n"),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        ok(200, "Connection: close\r\n"),
+        b"HTTP/1.0 200 OK\r\nConnection: close\r\n\r\nuntil the end",
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+    ]
+    with answering(iter(answers)) as url:
+        connection = HealthConnection(url)
+        samples = [sample for _ in answers for sample in probe_once([connection])]
+    assert [(s.status, s.error) for s in samples] == [(204, None), (200, None), (200, None), (200, None),
+                                                      (None, "ValueError")]  # fmt: skip
+
+
+def test_a_probe_beside_another_is_read_as_it_comes() -> None:
+    with answering(itertools.repeat(ok()), delay_s=0.3) as slow, answering(itertools.repeat(ok())) as fast:
+        connections = [HealthConnection(slow), HealthConnection(fast)]
+        probe_once(connections)
+        target, floor = probe_once(connections)
+    assert target.latency >= 0.3 > 0.2 > floor.latency and target.status == floor.status == 200
 
 
 async def test_loop_lag_sees_a_blocked_loop() -> None:

@@ -18,7 +18,7 @@ def ok(ttft: float) -> RequestRecord:
 
 
 def cell(round_: int, target: str, records: list[RequestRecord], started_at: float) -> CellResult:
-    health = [HealthSample(started_at, 0.002, 200), HealthSample(started_at + 0.1, 0.004, 503)]
+    health = [HealthSample(started_at, 0.002, 200, stamped=0.0005), HealthSample(started_at + 0.1, 0.004, 503)]
     return CellResult(Cell(round_, 2.0, target), started_at, 1.0, records, health, [0.001, 0.003])
 
 
@@ -36,6 +36,8 @@ def test_rounds_are_pooled_and_nan_becomes_null() -> None:
     assert (a["completed"], a["duration_s"], a["request_throughput"]) == (2, 2.0, 1.0)
     assert a["ttft_ms"]["p50"] == pytest.approx(200.0)
     assert (a["health_ms"]["n"], a["health_ms"]["failures"]) == (4, 2)
+    assert (a["health_stamped_ms"]["n"], a["health_stamped_ms"]["p99"], a["health_stamped_ms"]["unstamped"]) == (
+        2, pytest.approx(0.5), 2)  # fmt: skip
     assert [c["start_s"] for c in results["cells"]] == [0.0, 1.0, 2.0, 3.0]
     assert results["health_timeline"]["a"] == [[0.0, 2.0, 200], [0.1, 4.0, 503], [2.0, 2.0, 200], [2.1, 4.0, 503]]
 
@@ -47,6 +49,8 @@ def test_rounds_are_pooled_and_nan_becomes_null() -> None:
     assert "| b | 2 | - / - / - / - |" in table
     assert "| a | 2 | 2.00 / 2.98 |" in table  # tokenizer stage: 1 and 3 ms
     assert "| b | 2 | - |" in table
+    assert "| a | 2 | 2 | 2 | 0.50 | 0.50 | 0.50 | 0.50 |" in table  # `/health` by the kernel's stamps
+    assert "| b | 2 | 2 | 2 |" in table
     assert "Client event-loop lag, max: 3.0 ms" in table
     assert "stalled" not in table
     assert "ratio" not in table  # no target named graph

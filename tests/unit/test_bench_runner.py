@@ -10,8 +10,9 @@ import statistics
 import time
 from collections import Counter
 
-import httpx
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 
 from load.bench.client import RequestRecord
 from load.bench.cpu import Meter, Scope, Snapshot
@@ -28,6 +29,7 @@ from load.bench.runner import (
     schedule,
 )
 from load.rss import Proc
+from tests.unit.bench_support import serving
 
 
 def test_schedule_interleaves_targets_and_alternates_who_goes_first() -> None:
@@ -136,9 +138,15 @@ async def test_open_loop_follows_arrivals_and_caps_in_flight() -> None:
 async def test_rest_is_read_for_every_target_while_each_is_probed_as_in_a_cell() -> None:
     probed: Counter[str] = Counter()
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        probed[request.url.host] += 1
-        return httpx.Response(200)
+    def app(name: str) -> FastAPI:
+        served = FastAPI()
+
+        @served.get("/health")
+        def health() -> JSONResponse:
+            probed[name] += 1
+            return JSONResponse({})
+
+        return served
 
     snapshots = iter([Snapshot(0.0, {1: _proc(1, 0.0)}), Snapshot(0.3, {1: _proc(1, 0.06)})])
 
@@ -148,14 +156,14 @@ async def test_rest_is_read_for_every_target_while_each_is_probed_as_in_a_cell()
     meter = Meter({name: Scope(frozenset({1})) for name in ("a", "b")})
     meter.snapshot = snapshot  # type: ignore[method-assign]
     workload = Workload(mode="concurrency", levels=(1.0,), duration_s=1.0, health_interval_s=0.05, rest_s=0.3)
-    targets = [Target(name, f"http://{name}", "m") for name in ("a", "b")]
-    runner = Runner(targets, WordDataset(("w",), (1,), 1, 0), workload, progress=None, cpu=meter)  # type: ignore[arg-type]
-    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-        rest = await runner._at_rest(meter, client)
+    with serving(app("a")) as a, serving(app("b")) as b:
+        targets = [Target("a", a, "m"), Target("b", b, "m")]
+        runner = Runner(targets, WordDataset(("w",), (1,), 1, 0), workload, progress=None, cpu=meter)  # type: ignore[arg-type]
+        rest = await runner._at_rest(meter)
     spent = {name: cell.roles["other:python"].cpu_s for name, cell in rest.items()}
     assert spent == pytest.approx({"a": 0.06, "b": 0.06})
-    # 0.3 s at one probe per 0.05 s: about six each, however slow the machine (never none).
-    assert set(probed) == {"a", "b"} and min(probed.values()) >= 2
+    # Each probe process's warm-up probe, then one per 0.05 s while rest is read: never none.
+    assert set(probed) == {"a", "b"} and min(probed.values()) >= 3
 
 
 def _proc(pid: int, cpu_s: float) -> Proc:

@@ -62,6 +62,27 @@ def test_health_probe_section_shows_the_floor_beside_each_target() -> None:
     assert "The floor: `haproxy-refuser` (answering `/health` from its config alone" in page
     assert "| graph | 15.0 | 1.0 | 8.5 | 0.5 | 4.5 | 11.0 |" in page
     assert "| vllm | 15.0 | 1.0 | 8.5 | 0.5 | 4.5 | 11.0 |" in page
+    assert "as the kernel stamped them" not in page  # a run from before the stamps
+
+
+def test_health_probe_section_shows_the_kernels_stamps_when_taken() -> None:
+    phase = {"p50": 3.0, "p95": 9.0, "p99": 15.0, "max": 24.0}
+    stamped = {"p50": 0.2, "p95": 0.4, "p99": 0.6, "max": 2.0, "unstamped": 1}
+    graph = {
+        "idle_health_ms": phase,
+        "loaded_health_ms": phase,
+        "requests_per_s": 135.0,
+        "responses": {"400": 9},
+        "loaded_health_stamped_ms": stamped,
+        "floor_health_stamped_ms": stamped | {"p50": 0.1, "p99": 0.3},
+    }
+    vllm = {k: v for k, v in graph.items() if k != "floor_health_stamped_ms"}
+    result = {**META, "kind": "health_probe", "label": "", "concurrency": 60, "words_per_prompt": 50000,
+              "duration_s": 60.0, "targets": {"graph": graph, "vllm": vllm}}  # fmt: skip
+    page = benchmarks_page.render([result], None)
+    assert "The same loaded probes as the kernel stamped them" in page
+    assert "| graph | 0.2 | 0.6 | 2.0 | 1 | 0.1 | 0.3 |" in page
+    assert "| vllm | 0.2 | 0.6 | 2.0 | 1 | - | - |" in page
 
 
 def test_idle_cpu_section() -> None:

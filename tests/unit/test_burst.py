@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from load import burst as burst_module
+from load import kernel_stamps
 from load.burst import (
     Answer,
     Reception,
@@ -23,7 +24,6 @@ from load.burst import (
     parse_args,
     request_bytes,
     run,
-    wait_for_receive_stamps,
 )
 
 SSE = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {}\n\ndata: [DONE]\n\n"
@@ -114,7 +114,7 @@ async def test_the_arrival_is_the_kernels_stamp_not_when_the_loop_reads() -> Non
     listener = socket.create_server(("127.0.0.1", 0))
     ours = await connect(socket.AF_INET, listener.getsockname())
     theirs, _ = listener.accept()
-    wait_for_receive_stamps()  # `ours` asks for them
+    kernel_stamps.wait_until_stamping()  # `ours` asks for them
     reception = Reception(ours)
     await reception.send(b"GET / HTTP/1.1\r\n\r\n")
     theirs.recv(100)  # read before closing, or the close resets the connection
@@ -176,10 +176,12 @@ def test_markdown_has_a_row_per_burst() -> None:
            "served_done_ms": ms, "wall_s": 1.0, "health": ms | {"failures": 0}}  # fmt: skip
     arrival = ms | {"p50": 0.5, "p99": 0.7, "max": 0.9}
     vllm = row | {"target": "vllm", "outcomes": {"served": 400}}
-    table = markdown({"rows": [row | {"refusal_arrival_ms": arrival}, vllm]})
+    stamped = ms | {"p99": 0.4, "unstamped": 0}
+    table = markdown({"rows": [row | {"refusal_arrival_ms": arrival, "health_stamped": stamped}, vllm]})
     lines = table.splitlines()
     assert len(lines) == 4
     assert lines[2].startswith("| graph | 0 | 400 x 256 | 64 | 330 | 6 HTTP 500 | 1 | 2 | 3 | 0 | 1 | 1 |")
     # The last served answer's end: the one done time that results from before each answer's own are right in.
-    assert lines[2].endswith("| 1 | 2 | 3 | 2.0 | 3.0 |")
+    assert lines[2].endswith("| 1 | 2 | 3 | 2.0 | 3.0 | 0.4 |")
+    assert lines[3].endswith("| 2.0 | 3.0 | - |")  # a result from before the stamps
     assert lines[3].startswith("| vllm | 0 | 400 x 256 | 400 | 0 | 0 | 1 | 2 | 3 | - | - | - |")

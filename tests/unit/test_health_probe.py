@@ -25,6 +25,8 @@ async def test_measure_probes_health_idle_and_beside_the_load() -> None:
     assert set(result["responses"]) == {400}
     for phase in ("idle_health_ms", "loaded_health_ms"):
         assert result[phase]["n"] >= 3 and result[phase]["failures"] == 0, result
+    stamped = result["loaded_health_stamped_ms"]
+    assert stamped["n"] == result["loaded_health_ms"]["n"] and stamped["unstamped"] == 0, result
     assert result["load_client_lag_max_ms"] >= 0
     assert "floor_health_ms" not in result
 
@@ -40,6 +42,7 @@ async def test_the_floor_is_probed_beside_the_loaded_target() -> None:
         )
     assert result["floor_health_ms"]["n"] == result["loaded_health_ms"]["n"] >= 3, result
     assert result["floor_health_ms"]["failures"] == 0 and result["above_floor_ms"]["n"] >= 3, result
+    assert result["floor_health_stamped_ms"]["n"] == result["floor_health_ms"]["n"], result
 
 
 def test_the_own_share_is_the_target_minus_the_floor_beside_it() -> None:
