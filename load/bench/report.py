@@ -359,8 +359,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", f"Client event-loop lag, max: {_num(lag, 1)} ms (times above are only as exact as that)"]
     if lag > STALLED_MS:
         lines.append(
-            "**The client stalled**: timestamps and /health latencies taken meanwhile are inflated by up to that "
-            "much. Either the client lacked CPU (try `nice -n -10 python -m load.bench ...`) or the whole machine "
+            "**The client stalled**: request timestamps taken meanwhile are inflated by up to that much (`/health` "
+            "is probed from a process of its own). Either the client lacked CPU (try `nice -n -10 python -m load.bench ...`) or the whole machine "
             "froze under load (2-core VMs do); a client on another machine avoids both."
         )
     return "\n".join(lines) + "\n"
