@@ -319,6 +319,13 @@ def _vs_graph(results: dict[str, Any], level_name: str, speech: bool) -> list[st
     return lines + handicap_notes({n: r for n, r in handicapped.items() if n in results["targets"]})
 
 
+def _stalled_times(rows: list[Row]) -> str:
+    # Runs with the kernel's stamps probed `/health` from a process of their own; runs before, on this loop.
+    if any("health_stamped_ms" in m for _, _, m in rows):
+        return "request timestamps (not `/health`'s: probed from a process of its own)"
+    return "timestamps and /health latencies"
+
+
 def markdown(results: dict[str, Any]) -> str:
     level_name = "concurrency" if results["mode"] == "concurrency" else "req/s offered"
     rows: list[Row] = [
@@ -359,9 +366,9 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", f"Client event-loop lag, max: {_num(lag, 1)} ms (times above are only as exact as that)"]
     if lag > STALLED_MS:
         lines.append(
-            "**The client stalled**: request timestamps taken meanwhile are inflated by up to that much (`/health` "
-            "is probed from a process of its own). Either the client lacked CPU (try `nice -n -10 python -m load.bench ...`) or the whole machine "
-            "froze under load (2-core VMs do); a client on another machine avoids both."
+            f"**The client stalled**: {_stalled_times(rows)} taken meanwhile are inflated by up to that much. Either "
+            "the client lacked CPU (try `nice -n -10 python -m load.bench ...`) or the whole machine froze under "
+            "load (2-core VMs do); a client on another machine avoids both."
         )
     return "\n".join(lines) + "\n"
 
