@@ -38,6 +38,8 @@ def test_two_targets_interleaved(url: str, tmp_path: Path) -> None:
             assert m["total_input_tokens"] == 16 * m["completed"]
             assert m["request_goodput"] == m["request_throughput"]
             assert m["health_ms"]["n"] > 0 and m["health_ms"]["failures"] == 0
+            stamped = m["health_stamped_ms"]  # the same probes, by the kernel's stamps
+            assert stamped["n"] > 0 and stamped["n"] + stamped["unstamped"] == m["health_ms"]["n"]
             # The server listens in this process: read at rest first, then above it per request.
             assert isinstance(m["cpu"]["rest_outside_engine_core_share"], float)
             assert isinstance(m["cpu"]["above_rest_ms_per_request"], float)
