@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from load.bench import targets
+from load.bench import report, targets
 from load.bench.health import HealthSample, ProbeProcess, loop_lag, summarize, summarize_stamped
 from load.meta import run_meta, save_result
 from load.stats import summary_ms
@@ -88,7 +88,7 @@ async def measure(url: str, concurrency: int, duration_s: float, prompts: list[s
         with ProbeProcess(url, PROBE_INTERVAL_S, beside=floor_url, own_session=own_session) as prober:
             tasks = [asyncio.create_task(load(client, url, stop, prompts, statuses)) for _ in range(concurrency)]
             await asyncio.sleep(duration_s)
-            loaded = prober.stop()
+            loaded = await asyncio.to_thread(prober.stop)  # the load goes on meanwhile
         stop.set()
         await asyncio.gather(*tasks)
         lags = await lag
@@ -120,6 +120,77 @@ def floor_server(kind: str | None, log_dir: Path) -> Iterator[str | None]:
     spec = dataclasses.replace(targets.LAUNCHERS[kind](None), own_session=True)
     with targets.launched(spec, log_dir / f"{kind}.log") as (url, _):
         yield url
+
+
+def _ms(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def _answers(counts: dict[str, int]) -> str:
+    """`{"400": 7173, "ReadError": 2}` as `400: 7,173, ReadError: 2`."""
+    return ", ".join(f"{kind}: {count:,}" for kind, count in counts.items())
+
+
+# Where load.health_probe's probes ran; files before stop 54 do not say (None).
+PROBE_SESSIONS = {
+    "own": "The probes ran from a process in a session of its own, as a real prober's.",
+    "load-client": "The probes ran from a process in the load client's session, sharing its CPU as one autogroup.",
+    None: "Where the probes ran was not recorded: from stop 18 to 53 in a process in the load client's session, "
+    "before that on the client's own event loop.",
+}
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+    """A run's tables, as docs/benchmarks.md shows them: `/health` idle and loaded, the floor beside each
+    loaded target, and the same probes by the kernel's stamps."""
+    targets = result["targets"]
+    reference = targets.get("graph")
+    handicapped = report.handicaps(result)
+    lines = [
+        "Prompts far beyond the 4,096-token context, so every request is tokenized and rejected with 400. "
+        + PROBE_SESSIONS[result.get("probe_session")],
+        "",
+        "| target | idle p50 ms | loaded p50 | p95 | p99 | max | req/s | answers | p99 vs graph |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    floors = []
+    for name, t in targets.items():
+        idle, loaded = t["idle_health_ms"], t["loaded_health_ms"]
+        flag = "graph" in handicapped or name in handicapped
+        vs = report.ratio(loaded["p99"], reference["loaded_health_ms"]["p99"], flag) if reference else "n/a"
+        lines.append(
+            f"| {name} | {_ms(idle['p50'])} | {_ms(loaded['p50'])} | {_ms(loaded['p95'])} | {_ms(loaded['p99'])} "
+            f"| {_ms(loaded['max'])} | {t['requests_per_s']:.1f} | {_answers(t['responses'])} | {vs} |"
+        )
+        if floor := t.get("floor_health_ms"):
+            above = t["above_floor_ms"]
+            floors.append(f"| {name} | {_ms(loaded['p99'])} | {_ms(floor['p50'])} | {_ms(floor['p99'])} "
+                          f"| {_ms(above['p50'])} | {_ms(above['p99'])} | {_ms(above['max'])} |")  # fmt: skip
+    if floors:
+        lines += ["", f"The floor: `{result['floor']}` (answering `/health` from its config alone, nice 15, a "
+                  "session of its own), probed at the same instants by the same process while each target was "
+                  "loaded; a target's probe minus the floor's beside it is its own share.", "",
+                  "| target | its p99 ms | floor p50 | floor p99 | own share p50 | p99 | max |",
+                  "|---|---|---|---|---|---|---|", *floors]  # fmt: skip
+    lines += _stamped_health(targets)
+    return [*lines, *report.handicap_notes(handicapped)]
+
+
+def _stamped_health(targets: dict[str, Any]) -> list[str]:
+    """The long prompts' `/health` by the kernel's stamps; nothing for runs before they were taken."""
+    rows = []
+    for name, t in targets.items():
+        if stamped := t.get("loaded_health_stamped_ms"):
+            floor = t.get("floor_health_stamped_ms")
+            floor_cells = f"{_ms(floor['p50'])} | {_ms(floor['p99'])}" if floor else "- | -"
+            rows.append(f"| {name} | {_ms(stamped['p50'])} | {_ms(stamped['p99'])} | {_ms(stamped['max'])} "
+                        f"| {stamped['unstamped']} | {floor_cells} |")  # fmt: skip
+    if not rows:
+        return []
+    return ["", "The same loaded probes as the kernel stamped them: from just before each was written to the "
+            "arrival of its answer's last bytes, without the probe process's own wait to read them.", "",
+            "| target | p50 ms | p99 | max | unstamped | floor p50 | floor p99 |",
+            "|---|---|---|---|---|---|---|", *rows]  # fmt: skip
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""`/health` latency probes, run beside the load from a process of their own: a stalled event loop shows
-here first.
+"""`/health` latency probes, run beside the load from a process of their own: a server whose event loop
+stalls shows here first.
 
 Each answer is timed twice: on the probe process's clock (`latency`, what a prober waits), and from just
 before the request was written to the kernel's receive stamp of the answer's last bytes (`stamped`,
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from load import kernel_stamps
 from load.stats import percentile, summary_ms
 
-# As long as the load's own requests may take: a server that answers later is still answering.
+# A probe unanswered this long fails; one that takes anywhere near it shows in the maximum either way.
 TIMEOUT_S = 300.0
 
 
@@ -57,16 +57,20 @@ class HealthConnection:
         self._data = bytearray()
         self._sent_at = self._sent_wall = 0.0
         self._stamp: float | None = None
-        self.sample: HealthSample | None = None  # the last probe's, once it ended
+        self._sample: HealthSample | None = None  # the last probe's, once it ended
 
-    def fileno(self) -> int:
-        return -1 if self._sock is None else self._sock.fileno()
+    def fileno(self) -> int:  # for `select`, while a probe is being read
+        assert self._sock is not None
+        return self._sock.fileno()
 
     def send(self) -> bool:
         """Writes a probe (connecting first if need be); False if that already failed."""
         self._data.clear()
-        self._stamp = self.sample = None
+        self._stamp = self._sample = None
         self._sent_at = time.perf_counter()
+        # A server may close a kept-alive connection between probes (its idle timeout): readable now, it has.
+        if self._sock is not None and select.select([self._sock], [], [], 0)[0]:
+            self.close()
         try:
             if self._sock is None:
                 self._sock = socket.create_connection(self._address, timeout=TIMEOUT_S)
@@ -88,7 +92,8 @@ class HealthConnection:
             self.fail(exc)
             return True
         self._data += chunk
-        self._stamp = stamp  # the latest read's: the answer's last bytes, once it is whole
+        if chunk:  # the latest data's stamp: the answer's last bytes, once it is whole (the end of a stream has none)
+            self._stamp = stamp
         try:
             parsed = _answer(bytes(self._data), ended=not chunk)
         except ValueError as exc:
@@ -100,17 +105,17 @@ class HealthConnection:
             return not chunk
         status, keep_alive = parsed
         stamped = None if self._stamp is None else self._stamp - self._sent_wall
-        self.sample = HealthSample(self._sent_at, time.perf_counter() - self._sent_at, status, stamped=stamped)
+        self._sample = HealthSample(self._sent_at, time.perf_counter() - self._sent_at, status, stamped=stamped)
         if not keep_alive:
             self.close()
         return True
 
     def ended(self) -> HealthSample:
-        assert self.sample is not None, "read before the probe ended"
-        return self.sample
+        assert self._sample is not None, "read before the probe ended"
+        return self._sample
 
     def fail(self, error: Exception) -> None:
-        self.sample = HealthSample(self._sent_at, time.perf_counter() - self._sent_at, None, type(error).__name__)
+        self._sample = HealthSample(self._sent_at, time.perf_counter() - self._sent_at, None, type(error).__name__)
         self.close()
 
     def close(self) -> None:
@@ -128,15 +133,20 @@ def _answer(data: bytes, ended: bool) -> tuple[int, bool] | None:
     parts = status_line.split(b" ", 2)
     if not status_line.startswith(b"HTTP/") or len(parts) < 2 or not parts[1].isdigit():
         raise ValueError(f"no HTTP answer: {status_line[:40]!r}")
+    status = int(parts[1])
     headers = {name.strip().lower(): value.strip().lower() for name, _, value in (h.partition(b":") for h in lines)}
-    keep_alive = headers.get(b"connection") != b"close"
-    if b"content-length" in headers:
+    connection = {token.strip() for token in headers.get(b"connection", b"").split(b",")}
+    # HTTP/1.1 keeps a connection open unless told otherwise; HTTP/1.0 only when told to (RFC 9112, 9.3).
+    keep_alive = b"close" not in connection if parts[0] != b"HTTP/1.0" else b"keep-alive" in connection
+    if status < 200 or status in (204, 304):  # never a body (RFC 9112, 6.3)
+        whole = True
+    elif b"content-length" in headers:
         whole = len(body) >= int(headers[b"content-length"])
     elif headers.get(b"transfer-encoding") == b"chunked":
-        whole = body.endswith(b"0\r\n\r\n")
+        whole = body.endswith(b"0\r\n\r\n")  # the last chunk (a health answer's body has no "0\r\n\r\n")
     else:  # the body runs to the connection's end
         whole, keep_alive = ended, False
-    return (int(parts[1]), keep_alive) if whole else None
+    return (status, keep_alive) if whole else None
 
 
 def probe_once(connections: Sequence[HealthConnection]) -> list[HealthSample]:
@@ -188,6 +198,8 @@ class ProbeProcess:
     """
 
     def __init__(self, url: str, interval_s: float, beside: str | None = None, own_session: bool = True) -> None:
+        for each in (url, beside) if beside else (url,):
+            HealthConnection(each)  # a URL it cannot probe fails here, not in the child
         spawn = multiprocessing.get_context("spawn")
         self._parent, child = spawn.Pipe()
         args = (child, url, interval_s, beside, own_session)
@@ -226,8 +238,8 @@ def _probe_until_told(told: Connection, url: str, interval_s: float, beside: str
 async def loop_lag(stop: asyncio.Event, interval_s: float = 0.01) -> list[float]:
     """How late this client's own event loop wakes a 10 ms sleeper, until `stop` is set.
 
-    Request and probe times are all taken on this loop: while it lags, the client is slow, not the
-    server, and /health spikes or long ITLs of that moment are the client's own.
+    Request times are all taken on this loop: while it lags, the client is slow, not the server, and long
+    ITLs of that moment are the client's own (`/health` is probed from a process of its own).
     """
     lags = []
     while not stop.is_set():

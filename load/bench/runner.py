@@ -251,8 +251,9 @@ class Runner:
                 records = await open_loop(send_next, arrival_offsets(cell.level, w.duration_s, rng), w.max_concurrency)
             duration_s = time.perf_counter() - started_at
             stop.set()
-            health = prober.stop()
-        lag, text_probes = await lags, await texts
+            lag, text_probes = await lags, await texts
+            # In a thread: the hand-over waits for the probe in flight, which this loop has no part in.
+            health = await asyncio.to_thread(prober.stop)
         cpu = None
         if self.cpu and before:
             cpu = self.cpu.measure(cell.target, before, await asyncio.to_thread(self.cpu.snapshot))
