@@ -104,8 +104,8 @@ def floor_summary(samples: list[HealthSample]) -> dict[str, Any]:
     pairs = [(s, s.beside) for s in samples if s.beside is not None]
     if not pairs:
         return {}
-    return {"floor_health_ms": summarize([floor for _, floor in pairs]),
-            "floor_health_stamped_ms": summarize_stamped([floor for _, floor in pairs]),
+    floors = [floor for _, floor in pairs]
+    return {"floor_health_ms": summarize(floors), "floor_health_stamped_ms": summarize_stamped(floors),
             "above_floor_ms": summary_ms([s.latency - floor.latency for s, floor in pairs])}  # fmt: skip
 
 

@@ -198,11 +198,11 @@ class ProbeProcess:
     """
 
     def __init__(self, url: str, interval_s: float, beside: str | None = None, own_session: bool = True) -> None:
-        for each in (url, beside) if beside else (url,):
-            HealthConnection(each)  # a URL it cannot probe fails here, not in the child
+        # Made here, unconnected, so that a URL it cannot probe fails in this process, not in the child.
+        connections = [HealthConnection(each) for each in (url, beside) if each is not None]
         spawn = multiprocessing.get_context("spawn")
         self._parent, child = spawn.Pipe()
-        args = (child, url, interval_s, beside, own_session)
+        args = (child, connections, interval_s, own_session)
         self._process = spawn.Process(target=_probe_until_told, args=args, daemon=True, name=PROCESS_NAME)
 
     def __enter__(self) -> ProbeProcess:
@@ -221,10 +221,11 @@ class ProbeProcess:
         return samples
 
 
-def _probe_until_told(told: Connection, url: str, interval_s: float, beside: str | None, own_session: bool) -> None:
+def _probe_until_told(
+    told: Connection, connections: list[HealthConnection], interval_s: float, own_session: bool
+) -> None:
     if own_session:
         os.setsid()
-    connections = [HealthConnection(each) for each in ((url, beside) if beside else (url,))]
     # One probe not recorded: a fresh process's first request pays for its connection, which then stood
     # among the top 1 % of a minute's probes of any server, idle or loaded (27-30 ms against 1 ms).
     probe_once(connections)
