@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pytest
 
-from serve_app.stages import engine_session, top_p
+from serve_app.stages import engine_session, penalties, top_p
 
 
 class Made:
@@ -32,12 +32,15 @@ OMP_BINDING = ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES")  # the thre
 
 
 @pytest.fixture(autouse=True)
-def engine_requests(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def engine_requests(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The variables `build_engine` writes for the engine core's plugins, set so that monkeypatch restores
     them after each test; the directory for the engine's socket files made in one of the test's own
     (short: a socket's path has at most 107 characters), removed after it."""
-    for name in (top_p.ENV, engine_session.ENV):
+    for name in (top_p.ENV, penalties.ENV, engine_session.ENV):
         monkeypatch.setenv(name, "")
+    # pytest places every test's tmp_path under a directory it makes in the temp dir on first use: made
+    # now, before the temp dir is this test's own (removed after it, and with it a later test's tmp_path).
+    tmp_path_factory.getbasetemp()
     own = tempfile.mkdtemp()
     monkeypatch.setattr(tempfile, "tempdir", own)
     yield
@@ -65,6 +68,7 @@ def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
         started["executor"] = vllm_config.parallel_config.distributed_executor_backend
         started["env"] = {name: os.environ[name] for name in OMP_BINDING if name in os.environ}
         started["top_p"] = os.environ[top_p.ENV]
+        started["penalties"] = os.environ[penalties.ENV]
         started["policy"] = vllm_config.scheduler_config.policy
         return made
 
@@ -75,6 +79,7 @@ def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
     assert started["executor"] == backend
     assert started["policy"] == "priority"  # vLLM's own engine would otherwise ignore every priority
     assert started["top_p"] == "histogram"  # the default; the engine's plugin reads it (tests/unit/test_top_p.py)
+    assert started["penalties"] == "sparse"  # likewise (tests/unit/test_penalties.py)
     if backend == "uni":  # libgomp (vLLM preloads it) is bound with GOMP_CPU_AFFINITY, other OpenMPs with OMP_PLACES
         assert started["env"] in ({"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "1"},
                                   {"OMP_NUM_THREADS": "1", "OMP_PLACES": "{1}"})  # fmt: skip
