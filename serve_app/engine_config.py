@@ -54,8 +54,8 @@ class EngineConfig(Strict):
         default="sparse",
         description="CPU engines only: how the engine applies a batch's repetition penalties when it has no "
         "presence or frequency penalty. `sparse`: to the logits of the tokens each sequence has seen only, "
-        "the same logits out (serve_app/stages/penalties.py). `dense`: vLLM's own, which builds tables the size "
-        "of the vocabulary at every step (~1.4 ms of the default talker's ~13.5 ms step on the AVX2-only kind).",
+        "the same logits out (serve_app/stages/penalties.py, which says what that saves). `dense`: vLLM's own, "
+        "which builds tables the size of the vocabulary at every step.",
     )
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."

@@ -8,8 +8,9 @@ on the AVX2-only kind that took ~1.4 ms of its ~13.5 ms decode step (py-spy of i
 stream; docs/benchmarks-notes.md, stop 64). Only the logits of tokens a sequence has already seen change,
 at most its prompt and output many: `sparse_penalties` gathers those, scales them by the same float32
 arithmetic as vLLM (`logits *= where(logits > 0, 1 / penalty, penalty)`) and writes them back, so the
-logits come out bit for bit as vLLM's. A batch with any presence or frequency penalty goes to vLLM's
-own function.
+logits come out bit for bit as vLLM's. A batch with any presence or frequency penalty (or -0.0, which
+vLLM's subtraction would turn a -0.0 logit into +0.0 with), or logits other than float32 (vLLM's sampler
+passes float32), goes to vLLM's own function.
 
 How it gets into the engine: as `top_p.py`'s does. The llm stage sets `ENV` before it starts the engine
 (`request`), and `install`, a vLLM general plugin (entry point `vllm.general_plugins`, run in every
@@ -44,6 +45,8 @@ def sparse_penalties(
     (both padded with the vocabulary's size, as vLLM pads them)."""
     rows, vocab = logits.shape
     tokens = torch.cat((prompt_tokens, output_tokens), dim=1)
+    # The padding (`vocab`) is no token; vLLM replaces its -1 placeholders with it before this call, and a
+    # negative id left over would index from the end and penalize a token never seen.
     seen = (tokens >= 0) & (tokens < vocab)
     row = torch.arange(rows).unsqueeze(1).expand_as(tokens)[seen]
     token = tokens[seen]
@@ -62,9 +65,15 @@ def install() -> None:
     from vllm.platforms import current_platform
     from vllm.v1.sample.ops import penalties as ops
 
-    # vLLM's sampler calls the function by this name in that module (imported there, not exported).
-    original = ops.__dict__[SAMPLERS_NAME]
-    if not current_platform.is_cpu() or getattr(original, "_serve_graph", False):
+    if not current_platform.is_cpu():
+        return
+    # vLLM's sampler calls the function by this name in that module, which imports it from elsewhere (so
+    # mypy does not see it as that module's); a vLLM that renamed it keeps its own code, with a warning.
+    original = ops.__dict__.get(SAMPLERS_NAME)
+    if original is None:
+        logger.warning("vLLM has no %s.%s: its own penalties stay", ops.__name__, SAMPLERS_NAME)
+        return
+    if getattr(original, "_serve_graph", False):
         return
 
     def apply_penalties(
@@ -75,7 +84,8 @@ def install() -> None:
         frequency_penalties: torch.Tensor,
         repetition_penalties: torch.Tensor,
     ) -> torch.Tensor:
-        if bool(presence_penalties.any()) or bool(frequency_penalties.any()):
+        others = torch.cat((presence_penalties, frequency_penalties))
+        if logits.dtype != torch.float32 or bool(((others != 0) | others.signbit()).any()):
             return original(  # type: ignore[no-any-return]
                 logits, prompt_tokens, output_tokens, presence_penalties, frequency_penalties, repetition_penalties
             )

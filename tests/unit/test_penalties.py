@@ -16,8 +16,9 @@ VOCAB = 36682  # the tiny Orpheus model's
 
 
 def batch(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Logits (the first 8000 masked as `allowed_token_ids` masks them), prompts and outputs padded with
-    VOCAB as vLLM pads them, with repeated tokens, and penalties (of several rows, the last one's 1.0)."""
+    """Logits (the first 8000 masked as `allowed_token_ids` masks them; a seen NaN and +inf), prompts and
+    outputs padded with VOCAB as vLLM pads them, with repeated tokens, and penalties (of several rows, the
+    last one's 1.0)."""
     generator = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, VOCAB, generator=generator) * 3
     logits[:, :8000] = float("-inf")
@@ -27,6 +28,8 @@ def batch(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     output[-1, -40:] = VOCAB
     output[0, :20] = 8005
     output[0, 20:25] = 3  # a masked token, seen
+    logits[0, output[0, 30]] = float("nan")
+    logits[-1, prompt[-1, 0]] = float("inf")
     repetition = torch.rand(rows, generator=generator) + 0.5
     if rows > 1:
         repetition[-1] = 1.0
@@ -53,10 +56,13 @@ def test_the_logits_come_out_as_vllms_bit_for_bit(rows: int) -> None:
 
 def test_only_seen_tokens_change_and_an_empty_output_is_fine() -> None:
     logits, prompt, output, repetition = batch(1, seed=7)
-    out = sparse_penalties(logits.clone(), prompt, output[:, :0], repetition)
+    logits = logits.nan_to_num(nan=0.0)  # NaN != NaN would count as changed
+    empty, zero = output[:, :0], torch.zeros(1)
+    out = sparse_penalties(logits.clone(), prompt, empty, repetition)
     changed = set((out != logits).nonzero()[:, 1].tolist())
     assert changed <= set(prompt[0].tolist())
     assert len(changed) > 0
+    assert same_bits(out, vllms_penalties(logits.clone(), prompt, empty, zero, zero, repetition))
 
 
 def test_vllm_finds_the_plugin() -> None:
@@ -91,11 +97,15 @@ def test_unasked_the_plugin_leaves_vllm_alone(vllms_function: list[str], asked: 
 def test_asked_the_plugin_takes_repetition_penalties_alone(vllms_function: list[str]) -> None:
     penalties.request("sparse")
     penalties.install()
+    installed = samplers()
     penalties.install()  # vLLM may load plugins twice in one process: installed once
+    assert samplers() is installed
     logits, prompt, output, repetition = batch(2, seed=3)
     zero, some = torch.zeros(2), torch.tensor([0.0, 0.5])
     out = samplers()(logits.clone(), prompt, output, zero, zero, repetition)
     assert vllms_function == [] and not same_bits(out, logits)
     samplers()(logits, prompt, output, some, zero, repetition)
     samplers()(logits, prompt, output, zero, some, repetition)
-    assert vllms_function == ["vllm", "vllm"]
+    samplers()(logits, prompt, output, -zero, zero, repetition)  # vLLM's -= -0.0 turns -0.0 logits into +0.0
+    samplers()(logits.bfloat16(), prompt, output, zero, zero, repetition)
+    assert vllms_function == ["vllm"] * 4
