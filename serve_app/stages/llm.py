@@ -26,7 +26,7 @@ from serve_app.errors import (
     ServiceUnavailableError,
 )
 from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, SamplingSpec, TokenLogprob
-from serve_app.stages import engine_session, gloo_device, penalties, top_p
+from serve_app.stages import engine_session, gloo_device, penalties, rms_norm, top_p
 from serve_app.stages.engine_ipc import socket_files_removed_at_shutdown
 from serve_app.stages.engine_placement import bind_engine_cores, cpu_has_native_bf16, omp_threads, resolve_dtype
 from serve_app.stages.engine_watchdog import EngineWatchdog
@@ -41,7 +41,7 @@ _LOGPROB_FLOOR = -9999.0
 # In this process's default registry, which the llm deployment's `metrics_text` serves to `/metrics`.
 _ENGINE_INFO = Info(
     "serve_graph_engine",
-    "The dtype, cores, session, executor, top-p and penalties the engine of this llm replica runs with.",
+    "The dtype, cores, session, executor, top-p, penalties and RMSNorm the engine of this llm replica runs with.",
 )
 
 
@@ -74,6 +74,7 @@ def build_engine(args: AppArgs) -> Engine:
         "own_session": str(args.engine.own_session).lower(),
         "top_p": args.engine.top_p if on_cpu else "sort",
         "penalties": args.engine.penalties if on_cpu else "dense",
+        "rms_norm": args.engine.rms_norm if on_cpu else "native",
     }
     engine_session.request_own_session(args.engine.own_session)
     top_p.request(args.engine.top_p)
@@ -100,6 +101,7 @@ def build_engine(args: AppArgs) -> Engine:
         disable_log_stats=not args.engine.log_stats,
         model_impl=args.engine.model_impl,
         generation_config=args.engine.generation_config,
+        ir_op_priority=rms_norm.priority(args.engine.rms_norm if on_cpu else "native"),
     )
     if args.multimodal is not None:
         # The multimodal stage enforces the same bound first, with a 400 that names it.
@@ -107,9 +109,9 @@ def build_engine(args: AppArgs) -> Engine:
     vllm_config = engine_args.create_engine_config()
     uni = on_cpu and args.engine.executor_backend == "uni" and vllm_config.parallel_config.world_size == 1
     placement["executor"] = "uni" if uni else str(vllm_config.parallel_config.distributed_executor_backend)
-    shown = (placement[k] for k in ("cpu_cores", "own_session", "executor", "top_p", "penalties"))
-    logger.info("engine for %s: dtype %s (asked %s), cores %s, own session %s, executor %s, top-p %s, penalties %s",
-                args.model.name, dtype, args.engine.dtype, *shown)  # fmt: skip
+    shown = (placement[k] for k in ("cpu_cores", "own_session", "executor", "top_p", "penalties", "rms_norm"))
+    logger.info("engine for %s: dtype %s (asked %s), cores %s, own session %s, executor %s, top-p %s, penalties %s, "
+                "RMSNorm %s", args.model.name, dtype, args.engine.dtype, *shown)  # fmt: skip
     _ENGINE_INFO.info(placement)
     with _worker_in_engine_core(vllm_config) if uni else nullcontext():
         return socket_files_removed_at_shutdown(

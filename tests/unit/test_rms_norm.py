@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+from vllm import ir
+
+from serve_app.stages import rms_norm
+
+HIDDEN = 256  # the tiny models'
+
+
+@pytest.fixture(scope="module", autouse=True)
+def installed() -> None:
+    rms_norm.install()
+    rms_norm.install()  # vLLM may load plugins twice in one process: registered once
+
+
+@pytest.fixture
+def kernel_first() -> Iterator[None]:
+    """Both ops dispatching as an engine asked for `kernel` (vLLM appends `native`), for this test only."""
+    kernel = [rms_norm.PROVIDER, "native"]
+    with ir.ops.rms_norm.set_priority(kernel), ir.ops.fused_add_rms_norm.set_priority(kernel):
+        yield
+
+
+def inputs(rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(rows)
+    x, residual = (torch.randn(rows, HIDDEN, generator=generator) for _ in range(2))
+    return x, residual, torch.randn(HIDDEN, generator=generator)
+
+
+def test_vllm_finds_the_plugin() -> None:
+    assert "serve_app.stages.rms_norm:install" in {e.value for e in entry_points(group="vllm.general_plugins")}
+
+
+def test_only_kernel_asks_for_it() -> None:
+    kernel, native = rms_norm.priority("kernel"), rms_norm.priority("native")
+    assert kernel.rms_norm == kernel.fused_add_rms_norm == [rms_norm.PROVIDER]
+    assert native.rms_norm == native.fused_add_rms_norm == []
+
+
+@pytest.mark.parametrize("rows", [1, 2, 33])
+def test_the_kernels_compute_what_native_does(kernel_first: None, rows: int) -> None:
+    x, residual, weight = inputs(rows)
+    native = ir.ops.rms_norm.impls["native"].impl_fn
+    native_add = ir.ops.fused_add_rms_norm.impls["native"].impl_fn
+    assert ir.ops.rms_norm.dispatch(x, weight, 1e-6).provider == rms_norm.PROVIDER
+    assert ir.ops.fused_add_rms_norm.dispatch(x, residual, weight, 1e-6).provider == rms_norm.PROVIDER
+    # The squares summed in another order: a result may differ in its last bit.
+    torch.testing.assert_close(ir.ops.rms_norm(x, weight, 1e-6), native(x, weight, 1e-6))
+    kept = x.clone(), residual.clone()
+    out, summed = ir.ops.fused_add_rms_norm(x, residual, weight, 1e-6)
+    expected_out, expected_sum = native_add(x, residual, weight, 1e-6)
+    torch.testing.assert_close(out, expected_out)
+    assert torch.equal(summed, expected_sum)  # one addition, rounded once: the same bits
+    assert torch.equal(x, kept[0]) and torch.equal(residual, kept[1])  # called as a function: inputs kept
+
+
+def test_what_the_kernels_cannot_take_goes_to_native(kernel_first: None) -> None:
+    x, residual, weight = inputs(4)
+    strided = torch.randn(4, 2 * HIDDEN)[:, :HIDDEN]  # the kernel would read it as contiguous
+    bf16 = x.bfloat16(), residual.bfloat16(), weight.bfloat16()  # its residual sum rounds otherwise
+    for args in [(strided, weight), (x, None), (x, weight.double()), (bf16[0], bf16[2])]:
+        assert ir.ops.rms_norm.dispatch(*args, 1e-6).provider == "native"
+    assert ir.ops.rms_norm.dispatch(x, weight, 1e-6, 64).provider == "native"  # a variance over part of the row
+    for add_args in [(strided, residual, weight), (x, strided, weight), (x, residual.double(), weight), bf16]:
+        assert ir.ops.fused_add_rms_norm.dispatch(*add_args, 1e-6).provider == "native"
+    expected = ir.ops.rms_norm(strided.contiguous(), weight, 1e-6)
+    torch.testing.assert_close(ir.ops.rms_norm(strided, weight, 1e-6), expected)
+
+
+def test_an_engine_that_does_not_ask_keeps_native() -> None:
+    x, _, weight = inputs(2)
+    with ir.ops.rms_norm.set_priority(["native"]):
+        assert ir.ops.rms_norm.dispatch(x, weight, 1e-6).provider == "native"
