@@ -60,10 +60,9 @@ class EngineConfig(Strict):
     )
     rms_norm: RmsNorm = Field(
         default="kernel",
-        description="CPU engines only: what runs the model's RMSNorm layers. `kernel`: the C++ kernels of vLLM's "
-        "CPU build, ~10x faster a call than `native` for an eager engine (serve_app/stages/rms_norm.py); "
-        "`native`: vLLM's own choice on a CPU, PyTorch ops, which torch.compile fuses when `enforce_eager` is "
-        "false.",
+        description="Eager (`enforce_eager`) float32 CPU engines only, others run `native`: what runs the model's "
+        "RMSNorm layers. `kernel`: the C++ kernels of vLLM's CPU build, ~10x faster a call "
+        "(serve_app/stages/rms_norm.py). `native`: vLLM's own choice on a CPU, PyTorch ops one by one.",
     )
     enforce_eager: bool = Field(
         default=False, description="Skip torch.compile and graph capture: much faster start, slower decode."

@@ -68,13 +68,14 @@ def build_engine(args: AppArgs) -> Engine:
 
     on_cpu = current_platform.is_cpu()
     dtype = resolve_dtype(args.engine.dtype, on_gpu=not on_cpu, native_bf16=on_cpu and cpu_has_native_bf16())
+    norm = rms_norm.used(args.engine.rms_norm, on_cpu=on_cpu, eager=args.engine.enforce_eager, dtype=dtype)
     placement = {
         "dtype": dtype,
         "cpu_cores": "-",
         "own_session": str(args.engine.own_session).lower(),
         "top_p": args.engine.top_p if on_cpu else "sort",
         "penalties": args.engine.penalties if on_cpu else "dense",
-        "rms_norm": args.engine.rms_norm if on_cpu else "native",
+        "rms_norm": norm,
     }
     engine_session.request_own_session(args.engine.own_session)
     top_p.request(args.engine.top_p)
@@ -101,7 +102,7 @@ def build_engine(args: AppArgs) -> Engine:
         disable_log_stats=not args.engine.log_stats,
         model_impl=args.engine.model_impl,
         generation_config=args.engine.generation_config,
-        ir_op_priority=rms_norm.priority(args.engine.rms_norm if on_cpu else "native"),
+        ir_op_priority=rms_norm.priority(norm),
     )
     if args.multimodal is not None:
         # The multimodal stage enforces the same bound first, with a 400 that names it.

@@ -4,21 +4,27 @@ vLLM (0.32) runs its RMSNorm layers through IR ops (`vllm.ir.ops.rms_norm`, `fus
 call taking the first implementation of a priority list that accepts its arguments (KernelConfig's
 `ir_op_priority`, `vllm serve --ir-op-priority`). On a CPU the list is `native` alone: a handful of
 PyTorch ops, which Inductor fuses when it compiles the model. An eager engine (`enforce_eager: true`, as
-every model of configs/cpu-tiny.yaml) runs them one by one: ~50 us a call for one or two rows of 256 on
-the AVX2-only kind, where the CPU build's own kernels (`torch.ops._C.rms_norm`, `fused_add_rms_norm`;
-vLLM registers them as `vllm_c` for GPUs only) take ~5 us. The talker calls them 9 times a decode step.
+every model of configs/cpu-tiny.yaml) runs them one by one: ~40-60 us a call for one, two or 32 rows of
+256 on the AVX2-only kind, where the CPU build's own kernels (`torch.ops._C.rms_norm`,
+`fused_add_rms_norm`; vLLM registers them as `vllm_c` for GPUs only) take ~5-8 us. The talker calls
+them 9 times a decode step: in its engine's profile the norms fell from 11.2 % to 4.1 % of the step
+(docs/benchmarks-notes.md, stop 65).
 
 `install`, a vLLM general plugin (entry point `vllm.general_plugins`), registers those kernels on a CPU
 platform as the implementation `PROVIDER`. As vLLM's IR asks, registering enables nothing: only an
-engine whose priority lists it uses it, which the llm stage asks for (`priority`) with `engine.rms_norm:
-kernel`; a `vllm serve` in the same environment keeps `native`. vLLM appends `native` to the list, and
-it takes every call the kernels are not given: a strided input (the kernel reads it as contiguous, and
-gets it wrong), a variance over part of the row, no weight or a weight of another dtype, and any dtype
-but float32 (the dtype of CPU engines without native bfloat16): in bfloat16 the kernel's residual sum
-rounded differently from `native`'s, by a unit in the last place here and there.
+engine whose priority lists it uses it. The llm stage lists it (`used`, `priority`) with
+`engine.rms_norm: kernel` for an eager float32 engine on a CPU, once the plugin is loaded (without it, a
+priority naming it would stop the engine from starting); a `vllm serve` in the same environment keeps
+`native`. A compiled engine keeps `native` for Inductor to fuse (not measured with the kernels), and so
+does an engine in bfloat16, where the kernel's residual sum rounded otherwise than `native`'s, by a unit
+in the last place here and there.
 
-In float32 the kernels sum the squares in another order: a result may differ from `native`'s in its last
-bit; the residual of `fused_add_rms_norm` is the same sum, bit for bit.
+vLLM appends `native` to the list, and it takes every call the kernels are not given (`supports`): a
+strided input (the kernel reads it as contiguous, and gets it wrong), a row whose length is not a
+multiple of 16 (the kernel refuses what its vectors do not divide), a weight of another length or dtype
+or none, and a variance over part of the row. The kernels sum the squares in another order: a result
+may differ from `native`'s in its last bit; the residual of `fused_add_rms_norm` is the same sum, bit
+for bit.
 """
 
 # No `from __future__ import annotations`: vLLM checks each implementation's signature against the
@@ -41,6 +47,21 @@ _OPS = ("rms_norm", "fused_add_rms_norm")
 logger = logging.getLogger("vllm.serve_graph.rms_norm")
 
 
+def used(method: RmsNorm, *, on_cpu: bool, eager: bool, dtype: str) -> RmsNorm:
+    """What an engine configured with `method` runs: the kernels only where they were measured and are
+    registered, else `native`."""
+    if method != "kernel" or not (on_cpu and eager and dtype == "float32"):
+        return "native"
+    from vllm import ir
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # type: ignore[no-untyped-call]  # as vLLM's engine arguments do; once a process
+    if PROVIDER not in ir.ops.rms_norm.impls:
+        logger.warning("plugin serve_graph_rms_norm not loaded (VLLM_PLUGINS?): RMSNorm runs native")
+        return "native"
+    return "kernel"
+
+
 def priority(method: RmsNorm) -> "IrOpPriorityConfig":
     """The engine's `ir_op_priority` for `method` (vLLM appends its platform's to each list)."""
     from vllm.config.kernel import IrOpPriorityConfig
@@ -52,9 +73,11 @@ def supports(x: Tensor, weight: Tensor | None, epsilon: float, variance_size: in
     return (
         variance_size is None
         and x.dtype == torch.float32
+        and x.shape[-1] % 16 == 0
+        and x.is_contiguous()
         and weight is not None
         and weight.dtype == x.dtype
-        and x.is_contiguous()
+        and weight.shape == x.shape[-1:]
         and weight.is_contiguous()
     )
 

@@ -69,19 +69,22 @@ def test_the_engine_core_starts_with_the_omp_environment_of_its_executor(
         started["env"] = {name: os.environ[name] for name in OMP_BINDING if name in os.environ}
         started["top_p"] = os.environ[top_p.ENV]
         started["penalties"] = os.environ[penalties.ENV]
-        started["rms_norm"] = vllm_config.kernel_config.ir_op_priority.fused_add_rms_norm
+        priority = vllm_config.kernel_config.ir_op_priority
+        started["rms_norm"] = (priority.rms_norm, priority.fused_add_rms_norm)
         started["policy"] = vllm_config.scheduler_config.policy
         return made
 
     monkeypatch.setattr(AsyncLLM, "from_vllm_config", start)
-    engine = {"cpu_cores": "1", "executor_backend": backend, "scheduling_policy": "priority"}
+    engine = {"cpu_cores": "1", "executor_backend": backend, "scheduling_policy": "priority", "dtype": "float32",
+              "enforce_eager": True}  # fmt: skip
     built = build_engine(parse_app_args({**raw_args, "engine": engine}))
     assert cast(object, built) is made  # what the stand-in `start` returned, not an `Engine`
     assert started["executor"] == backend
     assert started["policy"] == "priority"  # vLLM's own engine would otherwise ignore every priority
     assert started["top_p"] == "histogram"  # the default; the engine's plugin reads it (tests/unit/test_top_p.py)
     assert started["penalties"] == "sparse"  # likewise (tests/unit/test_penalties.py)
-    assert started["rms_norm"] == [rms_norm.PROVIDER, "native"]  # the kernels first (tests/unit/test_rms_norm.py)
+    kernels_first = [rms_norm.PROVIDER, "native"]  # an eager float32 engine's (tests/unit/test_rms_norm.py)
+    assert started["rms_norm"] == (kernels_first, kernels_first)
     if backend == "uni":  # libgomp (vLLM preloads it) is bound with GOMP_CPU_AFFINITY, other OpenMPs with OMP_PLACES
         assert started["env"] in ({"OMP_NUM_THREADS": "1", "GOMP_CPU_AFFINITY": "1"},
                                   {"OMP_NUM_THREADS": "1", "OMP_PLACES": "{1}"})  # fmt: skip
