@@ -56,8 +56,9 @@ def used(method: RmsNorm, *, on_cpu: bool, eager: bool, dtype: str) -> RmsNorm:
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # type: ignore[no-untyped-call]  # as vLLM's engine arguments do; once a process
-    if PROVIDER not in ir.ops.rms_norm.impls:
-        logger.warning("plugin serve_graph_rms_norm not loaded (VLLM_PLUGINS?): RMSNorm runs native")
+    impl = ir.ops.rms_norm.impls.get(PROVIDER)
+    if impl is None or not impl.supported:
+        logger.warning("RMSNorm runs native: plugin serve_graph_rms_norm not loaded (VLLM_PLUGINS?) or no kernels")
         return "native"
     return "kernel"
 
@@ -108,8 +109,8 @@ def fused_add_rms_norm(
 
 
 def install() -> None:
-    """vLLM general plugin: on a CPU platform whose vLLM build has the kernels, registers them; the engine's
-    priority decides whether they run."""
+    """vLLM general plugin: on a CPU platform, registers the kernels (as unsupported, which vLLM skips, where
+    the build has none); the engine's priority decides whether they run."""
     from vllm import ir
     from vllm.platforms import current_platform
 
@@ -117,10 +118,8 @@ def install() -> None:
         return
     import vllm._custom_ops  # noqa: F401  (loads the build's `_C` ops)
 
-    # Registered either way, so that an engine asking for it starts; without the kernels vLLM skips it.
+    # Registered either way, so that a priority naming it never stops an engine from starting.
     supported = all(hasattr(torch.ops._C, op) for op in _OPS)
-    if not supported:
-        logger.warning("this vLLM build has no CPU RMSNorm kernels: engine.rms_norm: kernel runs native")
     ir.ops.rms_norm.register_impl(PROVIDER, supported=supported, supports_args=supports)(rms_norm)
     ir.ops.fused_add_rms_norm.register_impl(PROVIDER, supported=supported, supports_args=supports_add, inplace=True)(
         fused_add_rms_norm

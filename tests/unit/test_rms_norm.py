@@ -49,6 +49,9 @@ def test_only_an_eager_float32_cpu_engine_runs_the_kernels(monkeypatch: pytest.M
 
     assert used() == "kernel"
     assert "kernel" not in {used("native"), used(on_cpu=False), used(eager=False), used(dtype="bfloat16")}
+    # A build without the kernels: registered as unsupported, which vLLM would skip.
+    monkeypatch.setattr(ir.ops.rms_norm.impls[rms_norm.PROVIDER], "supported", False)
+    assert used() == "native"
     # Without the plugin a priority naming it would stop the engine from starting.
     monkeypatch.delitem(ir.ops.rms_norm.impls, rms_norm.PROVIDER)
     assert used() == "native"
