@@ -33,6 +33,7 @@ import load.overload
 import load.soak
 from load.bench import health, report
 from load.overhead import added_per_token_ms
+from load.stats import fmt_ms
 
 RESULTS_DIR = Path("docs/benchmarks")
 PAGE = Path("docs/benchmarks.md")
@@ -61,10 +62,6 @@ those processes spend with nothing sent but `/health` probes, read for `--rest` 
 last cell (from section 19 `avx2-stop26-final` on; the three stop 26 runs before it read rest before
 their cells, as the notes say; "-" in runs older than stop 26).
 """
-
-
-def _ms(value: float) -> str:
-    return f"{value:.1f}"
 
 
 def _meta(result: dict[str, Any]) -> list[str]:
@@ -101,13 +98,13 @@ def overhead(result: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|",
     ]
     for name, t in targets.items():
-        added_ttft = _ms(t["added_ttft_ms_p50"]) if "added_ttft_ms_p50" in t else "-"
+        added_ttft = fmt_ms(t["added_ttft_ms_p50"]) if "added_ttft_ms_p50" in t else "-"
         added_tok = "-"
         if "added_ttft_ms_p50" in t:  # from the added times, not the file's: older files divided dE2E by n
             added_tok = f"{added_per_token_ms(t['added_e2e_ms_p50'], t['added_ttft_ms_p50'], result['max_tokens']):.2f}"
         lines.append(
-            f"| {name} | {_ms(t['ttft_ms']['p50'])} | {_ms(t['ttft_ms']['p99'])} | {_ms(t['e2e_ms']['p50'])} "
-            f"| {_ms(t['e2e_ms']['p99'])} | {added_ttft} | {added_tok} |"
+            f"| {name} | {fmt_ms(t['ttft_ms']['p50'])} | {fmt_ms(t['ttft_ms']['p99'])} | {fmt_ms(t['e2e_ms']['p50'])} "
+            f"| {fmt_ms(t['e2e_ms']['p99'])} | {added_ttft} | {added_tok} |"
         )
     return [*lines, "", *_meta(result)]
 

@@ -35,7 +35,7 @@ import httpx
 from load.bench import report, targets
 from load.bench.health import HealthSample, ProbeProcess, loop_lag, summarize, summarize_stamped
 from load.meta import run_meta, save_result
-from load.stats import summary_ms
+from load.stats import fmt_ms, summary_ms
 
 WORDS = [
     "serve",
@@ -122,10 +122,6 @@ def floor_server(kind: str | None, log_dir: Path) -> Iterator[str | None]:
         yield url
 
 
-def _ms(value: float) -> str:
-    return f"{value:.1f}"
-
-
 def _answers(counts: dict[str, int]) -> str:
     """`{"400": 7173, "ReadError": 2}` as `400: 7,173, ReadError: 2`."""
     return ", ".join(f"{kind}: {count:,}" for kind, count in counts.items())
@@ -159,13 +155,14 @@ def markdown(result: dict[str, Any]) -> list[str]:
         flag = "graph" in handicapped or name in handicapped
         vs = report.ratio(loaded["p99"], reference["loaded_health_ms"]["p99"], flag) if reference else "n/a"
         lines.append(
-            f"| {name} | {_ms(idle['p50'])} | {_ms(loaded['p50'])} | {_ms(loaded['p95'])} | {_ms(loaded['p99'])} "
-            f"| {_ms(loaded['max'])} | {t['requests_per_s']:.1f} | {_answers(t['responses'])} | {vs} |"
+            f"| {name} | {fmt_ms(idle['p50'])} | {fmt_ms(loaded['p50'])} | {fmt_ms(loaded['p95'])} "
+            f"| {fmt_ms(loaded['p99'])} | {fmt_ms(loaded['max'])} | {t['requests_per_s']:.1f} "
+            f"| {_answers(t['responses'])} | {vs} |"
         )
         if floor := t.get("floor_health_ms"):
             above = t["above_floor_ms"]
-            floors.append(f"| {name} | {_ms(loaded['p99'])} | {_ms(floor['p50'])} | {_ms(floor['p99'])} "
-                          f"| {_ms(above['p50'])} | {_ms(above['p99'])} | {_ms(above['max'])} |")  # fmt: skip
+            floors.append(f"| {name} | {fmt_ms(loaded['p99'])} | {fmt_ms(floor['p50'])} | {fmt_ms(floor['p99'])} "
+                          f"| {fmt_ms(above['p50'])} | {fmt_ms(above['p99'])} | {fmt_ms(above['max'])} |")  # fmt: skip
     if floors:
         lines += ["", f"The floor: `{result['floor']}` (answering `/health` from its config alone, nice 15, a "
                   "session of its own), probed at the same instants by the same process while each target was "
@@ -182,8 +179,8 @@ def _stamped_health(targets: dict[str, Any]) -> list[str]:
     for name, t in targets.items():
         if stamped := t.get("loaded_health_stamped_ms"):
             floor = t.get("floor_health_stamped_ms")
-            floor_cells = f"{_ms(floor['p50'])} | {_ms(floor['p99'])}" if floor else "- | -"
-            rows.append(f"| {name} | {_ms(stamped['p50'])} | {_ms(stamped['p99'])} | {_ms(stamped['max'])} "
+            floor_cells = f"{fmt_ms(floor['p50'])} | {fmt_ms(floor['p99'])}" if floor else "- | -"
+            rows.append(f"| {name} | {fmt_ms(stamped['p50'])} | {fmt_ms(stamped['p99'])} | {fmt_ms(stamped['max'])} "
                         f"| {stamped['unstamped']} | {floor_cells} |")  # fmt: skip
     if not rows:
         return []

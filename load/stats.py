@@ -26,3 +26,8 @@ def summary_ms(seconds: list[float]) -> dict[str, float]:
         "p99": percentile(ms, 99),
         "max": max(ms) if ms else float("nan"),
     }
+
+
+def fmt_ms(value: float) -> str:
+    """A time in milliseconds as the reports print it."""
+    return f"{value:.1f}"
