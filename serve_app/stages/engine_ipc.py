@@ -56,12 +56,14 @@ def socket_files_removed_at_shutdown(start: Callable[[], E]) -> E:
             os.environ.pop("VLLM_RPC_BASE_PATH", None)
         else:
             os.environ["VLLM_RPC_BASE_PATH"] = previous
-    # Weakly: the engine holds this function, which must not keep the engine alive.
-    shutdown = weakref.WeakMethod(engine.shutdown)
+    # Weakly: the engine holds this function, which must not keep the engine alive. Called once: the
+    # engine's `__del__` calls it again, at the latest while the interpreter exits, when vLLM's shutdown
+    # finds its module's globals gone and Python prints the TypeError.
+    pending = [weakref.WeakMethod(engine.shutdown)]
 
     def shutdown_and_remove_files(*args: Any, **kwargs: Any) -> None:
         try:
-            if (method := shutdown()) is not None:
+            if pending and (method := pending.pop()()) is not None:
                 method(*args, **kwargs)
         finally:
             directory.remove()
