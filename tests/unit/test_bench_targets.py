@@ -246,20 +246,9 @@ def test_stop_kills_a_group_that_ignores_sigterm(tmp_path: Path) -> None:
     assert process.returncode == -9
 
 
-HEALTHY = """
-import http.server, sys
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-    def log_message(self, *args):
-        pass
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
-"""
-
-
 def test_a_launched_server_shares_the_session_but_not_the_process_group(tmp_path: Path) -> None:
     port = free_port()
-    spec = targets.LaunchSpec([sys.executable, "-c", HEALTHY, str(port)], f"http://127.0.0.1:{port}", 30, 5)
+    spec = targets.LaunchSpec([sys.executable, "-c", STAND_IN, str(port)], f"http://127.0.0.1:{port}", 30, 5)
     with targets.launched(spec, tmp_path / "server.log"):
         [pid] = [p.pid for p in psutil.Process().children() if p.cmdline()[-1] == str(port)]
         assert os.getsid(pid) == os.getsid(0)  # one autogroup with the client
