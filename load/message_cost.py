@@ -23,7 +23,7 @@ from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, Sa
 
 MESSAGES: dict[str, Any] = {
     "GenerateRequest (256 prompt ids)": GenerateRequest("cmpl-0-0", list(range(256)), SamplingSpec(max_tokens=32)),
-    "GenerationChunk (4 tokens)": GenerationChunk([ChoiceDelta(0, " four tokens", [11, 12, 13, 14], None)], 256, False),
+    "GenerationChunk (4 tokens)": GenerationChunk([ChoiceDelta(0, " four tokens", [11, 12, 13, 14], None)], False),
 }
 DUMPS: dict[str, Callable[[Any], bytes]] = {
     "cloudpickle": cloudpickle.dumps,

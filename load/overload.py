@@ -36,7 +36,7 @@ from load.bench.cli import Bar, build_dataset
 from load.bench.datasets import CAPABILITY, IMAGE_TEXT_LEN, TEXT_INPUT_LEN, fetch_model
 from load.bench.metrics import meets_slos, summarize_ms, ttfts
 from load.bench.runner import Cell, CellResult, Runner, Target, Workload
-from load.stats import summary_ms
+from load.stats import fmt_num, summary_ms
 
 NAME = "target"
 
@@ -192,10 +192,6 @@ def build(
     return dict(report.jsonable(document))  # empty summaries' NaN becomes null, as in the JSON file
 
 
-def _num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def _vs(value: float, reference: float | None) -> str:
     return f"{value:,.0f}" if not reference else f"{value:,.0f} ({value / reference:.2f}x)"
 
@@ -209,7 +205,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines[0] += (
             f" Closed loop of {phase['concurrency']} users for {phase['wall_s']:.0f} s: {phase['succeeded']} ok, "
             f"{phase['rejected']} rejected, {sum(phase['errors'].values())} errors, TTFT p50 / p99 "
-            f"{_num(phase['ttft_ms']['p50'])} / {_num(phase['ttft_ms']['p99'])} ms."
+            f"{fmt_num(phase['ttft_ms']['p50'])} / {fmt_num(phase['ttft_ms']['p99'])} ms."
         )
     if not levels:
         return lines[0] + "\n"
@@ -227,9 +223,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {level['multiplier']:g}x | {level['offered_rate']:.2f} | {level['sent']} | {level['succeeded']} "
             f"| {level['rejected']} | {sum(level['errors'].values())} | {'yes' if level['balanced'] else '**no**'} "
-            f"| {level['throughput']:.2f} | {level['goodput']:.2f} | {_num(ttft_ms['p50'])} | {_num(ttft_ms['p99'])} "
-            f"| {_num(rejection['p50'])} | {_num(rejection['p99'])} | {_num(level['health_ms']['p99'])} "
-            f"| {_num(level['client_loop_lag_ms']['max'])} |"
+            f"| {level['throughput']:.2f} | {level['goodput']:.2f} | {fmt_num(ttft_ms['p50'])} "
+            f"| {fmt_num(ttft_ms['p99'])} "
+            f"| {fmt_num(rejection['p50'])} | {fmt_num(rejection['p99'])} | {fmt_num(level['health_ms']['p99'])} "
+            f"| {fmt_num(level['client_loop_lag_ms']['max'])} |"
         )
     stages = sorted({stage for level in levels for stage in level["rss"]})
     first = levels[0]["rss"] if levels else {}

@@ -49,6 +49,7 @@ from load.bench.datasets import (
 from load.bench.health import loop_lag
 from load.bench.metrics import summarize_ms, ttfts, without_text
 from load.bench.runner import SendNext, arrival_offsets, open_loop
+from load.stats import fmt_num
 
 # Kind -> the default config's route prefix of its app.
 KINDS = ("text", "image", "speech")
@@ -301,10 +302,6 @@ def build(
     return dict(report.jsonable(document))  # empty summaries' NaN becomes null, as in the JSON file
 
 
-def _num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def _change(first: float | None, last: float | None) -> str:
     return "-" if first is None or last is None else f"{last - first:+,.1f}"
 
@@ -320,7 +317,7 @@ def _first_vs_last(first: dict[str, Any], last: dict[str, Any]) -> list[str]:
         for name, key in ((latency.replace("_ms", "").upper(), latency), ("E2EL", "e2el_ms")):
             for q in ("p50", "p99"):
                 x, y = a[key][q], b[key][q]
-                lines.append(f"| {kind} | {name} {q} ms | {_num(x)} | {_num(y)} | {_change(x, y)} |")
+                lines.append(f"| {kind} | {name} {q} ms | {fmt_num(x)} | {fmt_num(y)} | {_change(x, y)} |")
     return lines
 
 
@@ -350,7 +347,8 @@ def markdown(result: dict[str, Any]) -> str:
         for stage, run in result["rss_run"].items():
             a = first["rss"].get(stage, {}).get("start_mib")
             b = last["rss"].get(stage, {}).get("end_mib")
-            lines.append(f"| {stage} | {_num(a, 0)} | {_num(b, 0)} | {_change(a, b)} | {_num(run['peak_mib'], 0)} |")
+            peak = fmt_num(run["peak_mib"], 0)
+            lines.append(f"| {stage} | {fmt_num(a, 0)} | {fmt_num(b, 0)} | {_change(a, b)} | {peak} |")
         lines += rss.mixed_clusters_warning(result["rss_run"])
         kinds = list(first["kinds"])
         lines += ["", "Per window: requests / errors / p99 TTFT (speech: TTFA) ms; RSS of all stages at its end", "",
@@ -360,10 +358,10 @@ def markdown(result: dict[str, Any]) -> str:
             cells = []
             for kind in kinds:
                 k = w["kinds"][kind]
-                cells.append(f"{k['requests']} / {k['errors']} / {_num(k.get('ttft_ms', k.get('ttfa_ms'))['p99'])}")
+                cells.append(f"{k['requests']} / {k['errors']} / {fmt_num(k.get('ttft_ms', k.get('ttfa_ms'))['p99'])}")
             total = sum(s["end_mib"] for s in w["rss"].values()) if w["rss"] else None
             lines.append(f"| {w['start_s']:.0f}-{w['end_s']:.0f} | " + " | ".join(cells)
-                         + f" | {_num(total, 0)} | {_num(w['client_loop_lag_max_ms'])} |")  # fmt: skip
+                         + f" | {fmt_num(total, 0)} | {fmt_num(w['client_loop_lag_max_ms'])} |")  # fmt: skip
     lag = max((w["client_loop_lag_max_ms"] or 0.0 for w in windows_), default=0.0)
     if lag > report.STALLED_MS:
         lines += ["", f"**The client stalled** (event-loop lag up to {lag:.0f} ms): latencies then are inflated."]

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import statistics
+
+import numpy as np
 
 
 def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100), as numpy's default."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    """Linear-interpolated percentile (q in 0..100), NaN for no values."""
+    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def summary_ms(seconds: list[float]) -> dict[str, float]:
@@ -31,3 +28,8 @@ def summary_ms(seconds: list[float]) -> dict[str, float]:
 def fmt_ms(value: float) -> str:
     """A time in milliseconds as the reports print it."""
     return f"{value:.1f}"
+
+
+def fmt_num(value: float | None, digits: int = 1) -> str:
+    """A report's number with thousands separators, "-" for none (None or NaN)."""
+    return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"

@@ -67,6 +67,12 @@ class BadRequestError(OpenAIError):
         )
 
     @classmethod
+    def no_speech(cls, model: str | None, param: str | None = "model") -> BadRequestError:
+        """A speech request for a model without a `tts` block (`model` None: the one the stage serves)."""
+        name = "This model" if model is None else f"The model `{model}`"
+        return cls(f"{name} does not generate speech.", param=param, code="model_not_tts")
+
+    @classmethod
     def budget_past_context(cls, max_tokens: int, max_model_len: int, param: str) -> BadRequestError:
         """A generation budget no prompt leaves room for (vLLM's words); one past the room a prompt leaves
         is cut to that room instead, as in vLLM 0.32."""
@@ -85,6 +91,10 @@ class AuthenticationError(OpenAIError):
 class NotFoundError(OpenAIError):
     status_code = 404
     error_type = "NotFoundError"
+
+    @classmethod
+    def no_model(cls, name: str) -> NotFoundError:
+        return cls(f"The model `{name}` does not exist.", param="model", code="model_not_found")
 
 
 class ServiceUnavailableError(OpenAIError):
@@ -148,14 +158,6 @@ class OverloadedError(ServiceUnavailableError):
         super().__init__(message, param=param, code=code)
         self.stage = stage
         self.reason = reason  # raised in a replica (engine queue), counted in the ingress
-
-
-def _rebuild_overloaded(
-    cls: type[OverloadedError], message: str, param: str | None, code: str | None, stage: str, reason: str
-) -> OverloadedError:
-    """How replicas before stop 50 pickled an OverloadedError: kept so that during a rolling update an
-    ingress of this version still reads one from an llm replica of the last."""
-    return cls(message, param=param, code=code, stage=stage, reason=reason)
 
 
 class DeadlineExceededError(OpenAIError):

@@ -45,10 +45,6 @@ class GraphArgs(Strict):
             seen.add(name)
         return self
 
-    @property
-    def names(self) -> list[str]:
-        return [args.model.name for args in self.models]
-
 
 # Each model's stage deployments (multimodal and vocoder only for a model with those blocks).
 STAGES = ("tokenizer", "llm", "multimodal", "vocoder")

@@ -203,7 +203,6 @@ class GenerationChunk:
     """Llm -> ingress: one streamed step; several engine steps may be merged into one chunk."""
 
     deltas: list[ChoiceDelta]
-    num_prompt_tokens: int
     finished: bool
     # First chunk only: seconds from submitting to the engine to its first output (queue + prefill),
     # the engine's part of the time to first token.
@@ -235,5 +234,4 @@ class AudioChunk:
     """Vocoder -> ingress: the new frames' audio as 16-bit little-endian mono PCM."""
 
     pcm: bytes
-    sample_rate: int
     elapsed_s: float

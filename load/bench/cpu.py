@@ -53,6 +53,7 @@ import psutil
 
 from load import rss
 from load.rss import Proc
+from load.stats import fmt_num
 
 ENGINE = "engine"
 OUTSIDE = "outside engine"
@@ -321,10 +322,6 @@ def above_rest_ms(metrics: Mapping[str, Any]) -> float | None:
     return None if cpu is None else cpu.get("above_rest_ms_per_request")
 
 
-def _num(value: float | None, digits: int) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
-
-
 def _row(*cells: object) -> str:
     return "| " + " | ".join(map(str, cells)) + " |"
 
@@ -360,8 +357,8 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]
     ]  # fmt: skip
 
     def role_row(name: str, level: str, role: str, s: Mapping[str, Any]) -> str:
-        cells = [name, level, role, s["processes"], _num(s["ms_per_request"], 2), _num(s["core_share"], 3)]
-        return _row(*cells, _num(s.get("rest_core_share"), 3), *([_num(s.get(wait_key), 3)] if wait_key else []))
+        cells = [name, level, role, s["processes"], fmt_num(s["ms_per_request"], 2), fmt_num(s["core_share"], 3)]
+        return _row(*cells, fmt_num(s.get("rest_core_share"), 3), *([fmt_num(s.get(wait_key), 3)] if wait_key else []))
 
     mixed = []
     for level, name, cpu in measured:
@@ -376,8 +373,8 @@ def markdown(level_name: str, rows: Sequence[tuple[str, str, Mapping[str, Any]]]
         lines.append(_row(
             name, level, f"**{OUTSIDE}**", sum(s["processes"] for _, s in outside),
             *(f"**{cell}**" for cell in (
-                _num(cpu["outside_engine_ms_per_request"], 2), _num(cpu["outside_engine_core_share"], 3),
-                _num(cpu.get("rest_outside_engine_core_share"), 3), *total,
+                fmt_num(cpu["outside_engine_ms_per_request"], 2), fmt_num(cpu["outside_engine_core_share"], 3),
+                fmt_num(cpu.get("rest_outside_engine_core_share"), 3), *total,
             )),
         ))  # fmt: skip
         if ENGINE in roles:

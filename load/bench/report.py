@@ -16,7 +16,7 @@ from load.bench.client import RequestRecord
 from load.bench.runner import CellResult, Workload
 from load.bench.sse import STAGE_HEADERS
 from load.meta import run_meta
-from load.stats import summary_ms
+from load.stats import fmt_num, summary_ms
 
 # Client loop lag above which the markdown warns: a 10 ms sleeper woken this late means the client
 # itself was not running for as long as a slow server would make it wait.
@@ -116,16 +116,12 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def _num(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
-
-
 def _dist(summary: dict[str, float], digits: int = 1) -> str:
-    return " / ".join(_num(summary[k], digits) for k in ("mean", "p50", "p90", "p99"))
+    return " / ".join(fmt_num(summary[k], digits) for k in ("mean", "p50", "p90", "p99"))
 
 
 def _num_pair(summary: dict[str, float] | None) -> str:
-    return "-" if summary is None else f"{_num(summary['p50'], 2)} / {_num(summary['p99'], 2)}"
+    return "-" if summary is None else f"{fmt_num(summary['p50'], 2)} / {fmt_num(summary['p99'], 2)}"
 
 
 Row = tuple[str, str, dict[str, Any]]  # level, target, its pooled metrics
@@ -145,10 +141,11 @@ def _text_tables(results: dict[str, Any], level_name: str, rows: list[Row]) -> l
     for level, name, m in rows:
         h = m["health_ms"]
         lines.append(
-            f"| {name} | {level} | {m['completed']} | {m['failed']} | {_num(m['request_throughput'], 2)} "
-            f"| {_num(m['output_throughput'])} | {_num(m['request_goodput'], 2)} | {_num(h['p50'], 2)} "
-            f"| {_num(h['p95'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} | {_num(cpu.outside_engine_ms(m), 2)} "
-            f"| {_num(cpu.above_rest_ms(m), 2)} |"
+            f"| {name} | {level} | {m['completed']} | {m['failed']} | {fmt_num(m['request_throughput'], 2)} "
+            f"| {fmt_num(m['output_throughput'])} | {fmt_num(m['request_goodput'], 2)} | {fmt_num(h['p50'], 2)} "
+            f"| {fmt_num(h['p95'], 2)} | {fmt_num(h['p99'], 2)} | {fmt_num(h['max'], 2)} "
+            f"| {fmt_num(cpu.outside_engine_ms(m), 2)} "
+            f"| {fmt_num(cpu.above_rest_ms(m), 2)} |"
         )
     lines += [
         "",
@@ -183,10 +180,12 @@ def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
         ok = f"{m['completed']}" + (" ⚠" if m["completed"] < metrics.MIN_STREAMS else "")
         lines.append(
             f"| {name} | {level} | {ok} | {m['failed']} | {m['rejected']} "
-            f"| {_num(m['request_throughput'], 2)} | {_num(m['audio_throughput'], 2)} | {_num(ttfa['p50'])} "
-            f"| {_num(ttfa['p99'])} | {_num(rtf['p50'], 3)} | {_num(rtf['p99'], 3)} | {_num(m['underrun_rate'], 3)} "
-            f"| {_num(m['underrun_ms']['p99'])} | {_num(h['p50'], 2)} | {_num(h['p99'], 2)} | {_num(h['max'], 2)} "
-            f"| {_num(cpu.outside_engine_ms(m), 2)} | {_num(cpu.above_rest_ms(m), 2)} |"
+            f"| {fmt_num(m['request_throughput'], 2)} | {fmt_num(m['audio_throughput'], 2)} | {fmt_num(ttfa['p50'])} "
+            f"| {fmt_num(ttfa['p99'])} | {fmt_num(rtf['p50'], 3)} | {fmt_num(rtf['p99'], 3)} "
+            f"| {fmt_num(m['underrun_rate'], 3)} "
+            f"| {fmt_num(m['underrun_ms']['p99'])} | {fmt_num(h['p50'], 2)} | {fmt_num(h['p99'], 2)} "
+            f"| {fmt_num(h['max'], 2)} "
+            f"| {fmt_num(cpu.outside_engine_ms(m), 2)} | {fmt_num(cpu.above_rest_ms(m), 2)} |"
         )
     if few:
         lines += ["", f"**Too few streams** (fewer than {metrics.MIN_STREAMS} succeeded; their percentiles are not fit "
@@ -222,7 +221,7 @@ def _stamped_health_table(level_name: str, rows: list[Row]) -> list[str]:
     for level, name, h in stamped:
         lines.append(
             f"| {name} | {level} | {h['n']} | {h['unstamped']} | "
-            + " | ".join(_num(h[k], 2) for k in ("p50", "p95", "p99", "max"))
+            + " | ".join(fmt_num(h[k], 2) for k in ("p50", "p95", "p99", "max"))
             + " |"
         )
     return lines
@@ -246,10 +245,10 @@ def _text_probe_table(level_name: str, rows: list[Row], config: dict[str, Any]) 
     ]
     for level, name, p in probed:
         t = p["ttft_ms"]
-        stages = ", ".join(f"{stage} {_num(s['p50'])}" for stage, s in p.get("stage_ms", {}).items()) or "-"
+        stages = ", ".join(f"{stage} {fmt_num(s['p50'])}" for stage, s in p.get("stage_ms", {}).items()) or "-"
         lines.append(
             f"| {name} | {level} | {p['sent']} | {p['failed']} | {p.get('without_text', '-')} | "
-            + " | ".join(_num(t[k]) for k in ("mean", "p50", "p95", "p99", "max"))
+            + " | ".join(fmt_num(t[k]) for k in ("mean", "p50", "p95", "p99", "max"))
             + f" | {stages} |"
         )
     return lines
@@ -363,7 +362,7 @@ def markdown(results: dict[str, Any]) -> str:
             "Failures" + (expected if results["config"].get("dataset") == "long" else "") + ": " + "; ".join(errors),
         ]
     lag = max((m["client_loop_lag_ms"]["max"] or 0.0 for _, _, m in rows), default=0.0)
-    lines += ["", f"Client event-loop lag, max: {_num(lag, 1)} ms (times above are only as exact as that)"]
+    lines += ["", f"Client event-loop lag, max: {fmt_num(lag, 1)} ms (times above are only as exact as that)"]
     if lag > STALLED_MS:
         lines.append(
             f"**The client stalled**: {_stalled_times(rows)} taken meanwhile are inflated by up to that much. Either "

@@ -243,7 +243,7 @@ def to_chunk(output: Any, spec: SamplingSpec, engine_ttft_s: float | None = None
         # vLLM's first entry is None: the first token has no logprob.
         prompt_logprobs = _token_logprobs(list(prompt[1:]), list(output.prompt_logprobs[1:]), spec.prompt_logprobs)
     prompt_ids = list(prompt) if spec.return_prompt_ids and engine_ttft_s is not None else None  # the first chunk's
-    return GenerationChunk(deltas, len(prompt), output.finished, engine_ttft_s, prompt_logprobs, prompt_ids)
+    return GenerationChunk(deltas, output.finished, engine_ttft_s, prompt_logprobs, prompt_ids)
 
 
 class LLMStage:
@@ -296,8 +296,9 @@ class LLMStage:
     def from_args(cls, args: AppArgs) -> LLMStage:
         return cls(*cls.parts(args))
 
-    # `generate`, `check_health` and `metrics_text` are the `LLMClient` methods: what the ingress calls,
-    # in-process or through the deployment (which is this class).
+    # `generate`, `check_health` and `metrics_text` are the `LLMClient` methods: what the ingress calls
+    # in-process. Through the deployment (this class) it calls `check_health` and `metrics_text` as they
+    # are, and `generate` inside `generate_to` (deployments/llm.py), whose chunks take the token channel.
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         from vllm.inputs import TokensInput, TokensPrompt, tokens_input

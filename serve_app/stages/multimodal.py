@@ -115,7 +115,12 @@ class MultimodalStage:
                 param="messages",
                 code="too_many_images",
             )
-        encoded = await asyncio.gather(*(self._fetch(i, url) for i, url in enumerate(request.urls)))
+        fetches = [asyncio.ensure_future(self._fetch(i, url)) for i, url in enumerate(request.urls)]
+        try:
+            encoded = await asyncio.gather(*fetches)
+        finally:  # one image refused (or the call cancelled): the others' fetches are of no use any more
+            for fetch in fetches:
+                fetch.cancel()
         keys = [hashlib.sha256(data).hexdigest() for data in encoded]
         hits = {key: item for key in set(keys) if (item := self._cache.get(key)) is not None}
         loop = asyncio.get_running_loop()

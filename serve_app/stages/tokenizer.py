@@ -42,7 +42,6 @@ class TokenizerPool:
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(size):
             self._free.put(factory())
-        self.size = size
 
     @contextmanager
     def borrow(self) -> Iterator[Any]:
@@ -163,10 +162,6 @@ class TokenizerStage:
     def from_args(cls, args: AppArgs, threads: int | None = None) -> TokenizerStage:
         return cls(*cls.parts(args, threads))
 
-    @property
-    def threads(self) -> int:
-        return self._pool.size
-
     @functools.cached_property
     def max_chars_per_token(self) -> int | None:
         """`max_chars_per_token` of this model's tokenizer (asked by the ingress only, once)."""
@@ -223,7 +218,7 @@ class TokenizerStage:
     def _speech_prompt(self, tok: Any, prompt: SpeechPrompt) -> list[int]:
         """The Orpheus talker's prompt: start marker, `voice: text` with BOS, end markers."""
         if self.layout is None:
-            raise BadRequestError("This model does not generate speech.", param="model")
+            raise BadRequestError.no_speech(None)
         text = list(tok.encode(f"{prompt.voice}: {prompt.text}", add_special_tokens=True))
         return [*self.layout.start_ids, *text, *self.layout.end_ids]
 

@@ -54,10 +54,6 @@ class VocoderStage:
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    @property
-    def sample_rate(self) -> int:
-        return self._decoder.sample_rate
-
     def _validate(self, request: VocodeRequest) -> None:
         """Raise BadRequestError unless the decoder can take `request` (DeadlineExceededError when its
         deadline passed while it waited for the worker thread)."""
@@ -79,4 +75,4 @@ class VocoderStage:
         start = time.perf_counter()
         self._validate(request)
         [audio] = self._decoder.decode([request])
-        return AudioChunk(pcm16(audio), self._decoder.sample_rate, time.perf_counter() - start)
+        return AudioChunk(pcm16(audio), time.perf_counter() - start)

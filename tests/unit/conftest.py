@@ -95,7 +95,7 @@ class FakeLLM:
                 ]
                 logprobs_first = prompt_logprobs if step == 0 else None
                 ids_first = [*request.prompt_token_ids, FAKE_EXPANDED] if spec.return_prompt_ids and step == 0 else None
-                yield GenerationChunk(deltas, len(request.prompt_token_ids), last, None, logprobs_first, ids_first)
+                yield GenerationChunk(deltas, last, None, logprobs_first, ids_first)
         except GeneratorExit:
             self.closed.append(request.request_id)
             raise

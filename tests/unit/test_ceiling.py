@@ -28,7 +28,7 @@ class SlowStage:
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         for _ in range(request.sampling.max_tokens):
             await asyncio.sleep(0)
-            yield GenerationChunk([ChoiceDelta(0, "a", [7], None, None, None)], len(request.prompt_token_ids), False)
+            yield GenerationChunk([ChoiceDelta(0, "a", [7], None, None, None)], False)
         self.in_flight -= 1
 
 

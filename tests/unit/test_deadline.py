@@ -36,7 +36,7 @@ class StallingLLM(FakeLLM):
         self.requests.append(request)
         try:
             for _ in range(self.chunks):
-                yield GenerationChunk([ChoiceDelta(0, "a", [64], None)], 3, False)
+                yield GenerationChunk([ChoiceDelta(0, "a", [64], None)], False)
             await asyncio.sleep(3600)
         finally:
             self.closed.append(request.request_id)

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import pickle
-from typing import Any
 
 import pytest
 from ray.exceptions import RayTaskError
 
-from serve_app import errors
 from serve_app.config import AdmissionConfig
 from serve_app.errors import (
     AuthenticationError,
@@ -123,19 +121,6 @@ def test_pickle_round_trip_keeps_the_attributes_set_on_an_error() -> None:
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.stage, copy.reason, copy.chunks_sent) == ("llm", "engine_queue_full", 3)
     assert pickle.loads(pickle.dumps(EngineDeadError("x"))).chunks_sent == 0
-
-
-class OverloadedAsBefore:
-    """Pickles as an OverloadedError did before stop 50."""
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (errors._rebuild_overloaded, (OverloadedError, "full", None, "overloaded", "llm", "engine_queue_full"))
-
-
-def test_an_overloaded_error_pickled_by_the_last_version_is_read() -> None:
-    copy = pickle.loads(pickle.dumps(OverloadedAsBefore()))
-    assert type(copy) is OverloadedError
-    assert (copy.message, copy.code, copy.stage, copy.reason) == ("full", "overloaded", "llm", "engine_queue_full")
 
 
 def raised_in_a_replica(error: BaseException) -> BaseException:

@@ -150,7 +150,7 @@ def test_builder_names_each_models_stages_after_it(tiny_model_path: Path) -> Non
         "voice-llm", "voice-tokenizer", "voice-vocoder",
     ]  # fmt: skip
     graph = app._bound_deployment.init_args[0]
-    assert graph.names == ["text", "eyes", "voice"]
+    assert [args.model.name for args in graph.models] == ["text", "eyes", "voice"]
 
 
 @pytest.mark.parametrize(

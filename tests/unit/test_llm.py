@@ -108,10 +108,8 @@ async def test_chunks_are_converted() -> None:
     engine_ttft_s = chunks[0].engine_ttft_s  # the first chunk only: the engine's time to first output
     assert engine_ttft_s is not None and 0 <= engine_ttft_s < 1
     assert chunks == [
-        GenerationChunk(
-            [ChoiceDelta(0, "He", [10, 11], None), ChoiceDelta(1, "Yo", [12], None)], 3, False, engine_ttft_s
-        ),
-        GenerationChunk([ChoiceDelta(1, "!", [13], "stop", "!"), ChoiceDelta(0, "y", [14], "length")], 3, True),
+        GenerationChunk([ChoiceDelta(0, "He", [10, 11], None), ChoiceDelta(1, "Yo", [12], None)], False, engine_ttft_s),
+        GenerationChunk([ChoiceDelta(1, "!", [13], "stop", "!"), ChoiceDelta(0, "y", [14], "length")], True),
     ]
     assert engine.exit == "finished"
     [(prompt, params, request_id)] = engine.calls
@@ -153,7 +151,7 @@ async def test_outputs_sooner_than_the_stream_interval_go_out_merged() -> None:
 
 def test_to_chunk_without_prompt_ids() -> None:
     chunk = to_chunk(request_output(completion(0, "", []), prompt_token_ids=None), SamplingSpec(max_tokens=1))
-    assert chunk == GenerationChunk([ChoiceDelta(0, "", [], None)], 0, False)
+    assert chunk == GenerationChunk([ChoiceDelta(0, "", [], None)], False)
 
 
 async def test_priority_goes_to_the_engine_beside_the_sampling_params() -> None:

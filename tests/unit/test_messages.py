@@ -24,7 +24,6 @@ from serve_app.messages import (
 
 CHUNK = GenerationChunk(
     [ChoiceDelta(0, " a", [7], "stop", 2, [TokenLogprob(" a", -0.5, [32, 97], [(" a", -0.5, [32, 97])])])],
-    num_prompt_tokens=12,
     finished=True,
     engine_ttft_s=0.25,
 )

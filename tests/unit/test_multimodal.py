@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -87,6 +88,30 @@ async def test_errors_name_the_image() -> None:
         await stage.process(ImagesRequest([photo((1, 1, 1)), "data:image/png;base64,bm90IGFuIGltYWdl"]))
     assert info.value.param == "messages"
     assert info.value.code == "invalid_image"
+    await stage.close()
+
+
+async def test_a_refused_image_cancels_the_other_fetches() -> None:
+    class Fetcher:
+        cancelled = False
+
+        async def fetch(self, url: str) -> bytes:
+            if url == "slow":
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    Fetcher.cancelled = True
+                    raise
+            raise BadRequestError("refused", param="messages", code="url_not_allowed")
+
+        async def aclose(self) -> None:
+            return None
+
+    stage = MultimodalStage(MultimodalConfig(), SIZE, lambda h, w: 1, Fetcher())  # type: ignore[arg-type]
+    with pytest.raises(BadRequestError, match=r"^Image 2: refused"):
+        await asyncio.wait_for(stage.process(ImagesRequest(["slow", "bad"])), 5)
+    await asyncio.sleep(0)  # the cancelled fetch runs to its end
+    assert Fetcher.cancelled
     await stage.close()
 
 

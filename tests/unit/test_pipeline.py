@@ -21,7 +21,7 @@ from serve_app.messages import ChoiceDelta, GenerationChunk, TextPrompt, Tokeniz
 
 
 def chunk(text: str, finish: str | None = None) -> GenerationChunk:
-    return GenerationChunk([ChoiceDelta(0, text, [1], finish)], 3, finish is not None)
+    return GenerationChunk([ChoiceDelta(0, text, [1], finish)], finish is not None)
 
 
 class Source:

@@ -32,7 +32,6 @@ def stage(decoder: SnacDecoder) -> VocoderStage:
 def test_stage_returns_pcm16(stage: VocoderStage, decoder: SnacDecoder) -> None:
     request = VocodeRequest(random_frames(2, seed=6), context=1)
     chunk = stage.decode_sync(request)
-    assert chunk.sample_rate == 24000
     assert chunk.elapsed_s > 0
     assert len(chunk.pcm) == 2 * SAMPLES_PER_FRAME
     samples = np.frombuffer(chunk.pcm, dtype="<i2")
@@ -70,9 +69,7 @@ def test_from_args_checks_the_codec_against_the_config() -> None:
 
     model = {"path": str(tiny_orpheus_path()), "max_model_len": 256}
     tts = {"codec": str(tiny_orpheus_path() / "snac"), "voices": ["tara"]}
-    stage = VocoderStage.from_args(parse_app_args({"model": model, "tts": tts}))
-    assert stage.sample_rate == 24_000
-    stage.close()
+    VocoderStage.from_args(parse_app_args({"model": model, "tts": tts})).close()
     with pytest.raises(ValueError, match=r"tts\.sample_rate"):
         VocoderStage.from_args(parse_app_args({"model": model, "tts": tts | {"sample_rate": 16_000}}))
     with pytest.raises(ValueError, match="tts"):

@@ -75,7 +75,7 @@ class FakeTalker:
             for start in range(0, total, 5):
                 ids = [self.layout.audio_offset + (k % 7) * 4096 + k for k in range(start, min(start + 5, total))]
                 last = start + 5 >= total
-                yield GenerationChunk([ChoiceDelta(0, "", ids, self.finish_reason if last else None)], 10, last)
+                yield GenerationChunk([ChoiceDelta(0, "", ids, self.finish_reason if last else None)], last)
                 await asyncio.sleep(0)
         except GeneratorExit:
             self.closed += 1
@@ -110,7 +110,7 @@ class FakeVocoder:
                 raise self.error
             codes = [frame[0] for frame in request.frames[request.context :]]
             samples = np.repeat(np.array(codes, dtype="<i2"), self.samples_per_frame)
-            return AudioChunk(samples.tobytes(), RATE, 0.001)
+            return AudioChunk(samples.tobytes(), 0.001)
         finally:
             self.in_flight -= 1
 

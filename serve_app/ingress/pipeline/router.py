@@ -68,7 +68,7 @@ class ModelRouter:
         if name is not None:
             services = self.models.get(name)
             if services is None:
-                raise NotFoundError(f"The model `{name}` does not exist.", param="model", code="model_not_found")
+                raise NotFoundError.no_model(name)
             return services
         able = [s for s in self.models.values() if capability is not None and capability in capabilities(s)]
         return able[0] if able else next(iter(self.models.values()))

@@ -8,9 +8,11 @@ from serve_app.ingress.protocol import SamplingRequest
 
 
 def check_model(services: Services, requested: str | None) -> str:
+    """The model's name. The router already answered a name it does not serve; this checks a request that
+    reaches a serving function in-process, without the router."""
     name = services.args.model.name
     if requested is not None and requested != name:
-        raise NotFoundError(f"The model `{requested}` does not exist.", param="model", code="model_not_found")
+        raise NotFoundError.no_model(requested)
     return name
 
 

@@ -58,9 +58,7 @@ _TOKEN_MARGIN = 16
 def _speech_model(services: Services, param: str | None) -> tuple[TtsConfig, VocoderClient]:
     tts, vocoder = services.args.tts, services.vocoder
     if tts is None or vocoder is None:
-        raise BadRequestError(
-            f"The model `{services.args.model.name}` does not generate speech.", param=param, code="model_not_tts"
-        )
+        raise BadRequestError.no_speech(services.args.model.name, param)
     return tts, vocoder
 
 
@@ -186,7 +184,7 @@ async def speech_layout(services: Services) -> OrpheusLayout:
     if services.speech_layout is None:
         services.speech_layout = await services.tokenizer.speech_layout()
     if services.speech_layout is None:
-        raise BadRequestError("This model does not generate speech.", param="model", code="model_not_tts")
+        raise BadRequestError.no_speech(services.args.model.name)
     return services.speech_layout
 
 
