@@ -9,7 +9,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -133,7 +133,7 @@ ImageFormat = Literal["PNG", "JPEG", "WEBP", "GIF", "BMP"]
 
 
 def _all_image_formats() -> list[ImageFormat]:
-    return ["PNG", "JPEG", "WEBP", "GIF", "BMP"]
+    return list(get_args(ImageFormat))
 
 
 class MultimodalConfig(Strict):

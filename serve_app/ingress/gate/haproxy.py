@@ -41,6 +41,7 @@ from serve_app import autogroup
 from serve_app.config import AdmissionConfig
 from serve_app.errors import OverloadedError, error_response
 from serve_app.ingress.completions.protocol import DEFAULT_MAX_TOKENS
+from serve_app.ingress.middleware.paths import TEXT_GENERATION_PATHS
 
 # The maps the rules read, by model name; `publisher.py` fills them.
 MAPS = ("wait_ns", "char_ns", "token_ns", "max_tokens", "max_n", "status", "retry_after")
@@ -50,7 +51,6 @@ HEALTH_MAP = "health"
 HEALTH_KEY = "until"
 HEALTH_PATH = "/health"
 MARK = "# serve-graph admission gate"
-GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 SLOTS = [2**k for k in range(10, 0, -1)]  # 1024 ... 2, then 1
 TABLE = "serve_graph_in_flight"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -118,7 +118,7 @@ def rules(gate_dir: Path) -> str:
     lines = [
         f"{MARK} (serve_app/ingress/gate/haproxy.py)",
         *health_rules(gate_dir),
-        f"acl sg_gen path {' '.join(GENERATION_PATHS)}",
+        f"acl sg_gen path {' '.join(TEXT_GENERATION_PATHS)}",
         "http-request wait-for-body time 1s if sg_gen METH_POST",
         "http-request set-var(txn.sg_model) req.body,json_query('$.model') if sg_gen METH_POST",
         f"http-request set-var(txn.sg_wait) {lookup('wait_ns', 0)} if {{ var(txn.sg_model) -m found }}",

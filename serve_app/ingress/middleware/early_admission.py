@@ -31,13 +31,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from serve_app.config import LimitsConfig
 from serve_app.errors import BadRequestError, OpenAIError, OverloadedError
 from serve_app.ingress.completions.protocol import DEFAULT_MAX_TOKENS
-from serve_app.ingress.middleware.paths import route_path
+from serve_app.ingress.middleware.paths import TEXT_GENERATION_PATHS, route_path
 from serve_app.ingress.pipeline.deadline import HEADER, arrival, request_deadline
 from serve_app.ingress.pipeline.inline_tokenizer import content_chars
 from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.pipeline.work_admission import WorkTicket, admit_prompt
 
-_WEIGHED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 _TIMEOUT_HEADER = HEADER.lower().encode()
 
 
@@ -127,7 +126,7 @@ class EarlyAdmission:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = route_path(scope) if scope["type"] == "http" else ""
-        if path not in _WEIGHED_PATHS or scope["method"] != "POST":
+        if path not in TEXT_GENERATION_PATHS or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         messages: list[Message] = []

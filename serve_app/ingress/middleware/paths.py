@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from starlette.types import Scope
 
-GENERATION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/audio/speech"})
+# Text generation: what admission weighs by its body (the HAProxy gate and `EarlyAdmission`).
+TEXT_GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+GENERATION_PATHS = frozenset({*TEXT_GENERATION_PATHS, "/v1/audio/speech"})
 KNOWN_PATHS = GENERATION_PATHS | {"/v1/models", "/v1/audio/voices", "/tokenize", "/detokenize", "/health", "/metrics"}
 
 
