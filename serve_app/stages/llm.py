@@ -297,8 +297,9 @@ class LLMStage:
         return cls(*cls.parts(args))
 
     # `generate`, `check_health` and `metrics_text` are the `LLMClient` methods: what the ingress calls
-    # in-process. Through the deployment (this class) it calls `check_health` and `metrics_text` as they
-    # are, and `generate` inside `generate_to` (deployments/llm.py), whose chunks take the token channel.
+    # in-process. The deployment (`deployments/llm.py`, a subclass) answers `check_health` as it is,
+    # `metrics_text` from its process's registry, and runs `generate` inside `generate_to`, whose chunks
+    # take the token channel.
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[GenerationChunk]:
         from vllm.inputs import TokensInput, TokensPrompt, tokens_input

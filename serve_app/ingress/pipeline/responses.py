@@ -17,7 +17,7 @@ TIMING_HEADERS = {
     "tokenizer": "X-Tokenizer-Time",
     "llm_first_chunk": "X-LLM-First-Chunk-Time",  # from the ingress's call to the llm stage's first chunk
     "llm_engine": "X-LLM-Engine-Time",  # the engine's part of that: queue and prefill, inside the llm stage
-    "first_token": "X-First-Token-Time",  # from the generation step's start (after admission) to the first chunk
+    "first_token": "X-First-Token-Time",  # from the start of the request's stages (images too) to the first chunk
     "vocoder_first_chunk": "X-Vocoder-First-Chunk-Time",
     "total": "X-Total-Time",
 }
