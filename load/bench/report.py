@@ -144,8 +144,7 @@ def _text_tables(results: dict[str, Any], level_name: str, rows: list[Row]) -> l
             f"| {name} | {level} | {m['completed']} | {m['failed']} | {fmt_num(m['request_throughput'], 2)} "
             f"| {fmt_num(m['output_throughput'])} | {fmt_num(m['request_goodput'], 2)} | {fmt_num(h['p50'], 2)} "
             f"| {fmt_num(h['p95'], 2)} | {fmt_num(h['p99'], 2)} | {fmt_num(h['max'], 2)} "
-            f"| {fmt_num(cpu.outside_engine_ms(m), 2)} "
-            f"| {fmt_num(cpu.above_rest_ms(m), 2)} |"
+            f"| {fmt_num(cpu.outside_engine_ms(m), 2)} | {fmt_num(cpu.above_rest_ms(m), 2)} |"
         )
     lines += [
         "",
@@ -180,11 +179,10 @@ def _speech_table(level_name: str, rows: list[Row]) -> list[str]:
         ok = f"{m['completed']}" + (" ⚠" if m["completed"] < metrics.MIN_STREAMS else "")
         lines.append(
             f"| {name} | {level} | {ok} | {m['failed']} | {m['rejected']} "
-            f"| {fmt_num(m['request_throughput'], 2)} | {fmt_num(m['audio_throughput'], 2)} | {fmt_num(ttfa['p50'])} "
-            f"| {fmt_num(ttfa['p99'])} | {fmt_num(rtf['p50'], 3)} | {fmt_num(rtf['p99'], 3)} "
-            f"| {fmt_num(m['underrun_rate'], 3)} "
-            f"| {fmt_num(m['underrun_ms']['p99'])} | {fmt_num(h['p50'], 2)} | {fmt_num(h['p99'], 2)} "
-            f"| {fmt_num(h['max'], 2)} "
+            f"| {fmt_num(m['request_throughput'], 2)} | {fmt_num(m['audio_throughput'], 2)} "
+            f"| {fmt_num(ttfa['p50'])} | {fmt_num(ttfa['p99'])} | {fmt_num(rtf['p50'], 3)} | {fmt_num(rtf['p99'], 3)} "
+            f"| {fmt_num(m['underrun_rate'], 3)} | {fmt_num(m['underrun_ms']['p99'])} "
+            f"| {fmt_num(h['p50'], 2)} | {fmt_num(h['p99'], 2)} | {fmt_num(h['max'], 2)} "
             f"| {fmt_num(cpu.outside_engine_ms(m), 2)} | {fmt_num(cpu.above_rest_ms(m), 2)} |"
         )
     if few:
