@@ -39,6 +39,15 @@ WORKER_ENV = {"RAY_USAGE_STATS_ENABLED": "0"} | {
 }
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test in this folder is marked `integration` (pyproject.toml): `pytest -m "not integration"`
+    runs the unit tests without Ray. The hook sees the whole session's items, not only this folder's."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     from serve_app.models.tiny_chat import ensure_tiny_chat_model

@@ -37,15 +37,20 @@ def target_replicas(metrics_url: str, stage: str) -> float | None:
 
 
 @contextmanager
-def sustained_load(url: str, clients: int) -> Iterator[list[int]]:
-    """`clients` threads posting /tokenize back to back until the block ends; yields the statuses seen."""
+def sustained_load(url: str, clients: int) -> Iterator[list[int | str]]:
+    """`clients` threads posting /tokenize back to back until the block ends; yields the statuses seen (a
+    client's HTTP error, which ends that client, as its repr)."""
     stop = threading.Event()
-    statuses: list[int] = []
+    statuses: list[int | str] = []
 
     def client() -> None:
         with httpx.Client(timeout=60) as http:
             while not stop.is_set():
-                statuses.append(http.post(f"{url}/tokenize", json={"prompt": PROMPT}).status_code)
+                try:
+                    statuses.append(http.post(f"{url}/tokenize", json={"prompt": PROMPT}).status_code)
+                except httpx.HTTPError as exc:  # a thread's exception would only be a warning
+                    statuses.append(repr(exc))
+                    return
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for thread in threads:

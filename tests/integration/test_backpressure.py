@@ -85,13 +85,11 @@ def test_a_full_stage_queue_refuses_fast_and_nothing_hangs(limits_url: str, limi
 
 
 def test_a_deadline_ends_a_long_generation_and_frees_the_engine(limits_url: str, limits_llm: Any) -> None:
-    start = time.perf_counter()
     response, elapsed = timed_post(limits_url, LONG, headers={"X-Request-Timeout": "1"})
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "deadline_exceeded"
     assert 1.0 <= elapsed < 3.0
     wait_for(lambda: limits_llm.num_unfinished_requests.remote().result() == 0, 10, "the engine to drop it")
-    assert time.perf_counter() - start < 10
 
     with httpx.stream("POST", f"{limits_url}/v1/chat/completions", json={**LONG, "stream": True},
                       headers={"X-Request-Timeout": "1"}, timeout=30) as stream:  # fmt: skip

@@ -54,14 +54,13 @@ def test_engine_death_is_reported_and_repaired(graph: str, client: Any) -> None:
     os.kill(engine_core_pid(replica), signal.SIGKILL)
     killed_at = time.monotonic()
     wait_for(lambda: llm_reported_broken(graph), 15, "/health to report the dead engine")
-    detected_s = time.monotonic() - killed_at
+    print(f"\n/health reported the dead engine {time.monotonic() - killed_at:.1f} s after the kill")
     assert health_status(graph) == 503
     wait_for(lambda: health_status(graph) == 200, 180, "Serve to replace the llm replica")
     assert llm_replica_pid() != replica
     response = client.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "hi"}],
                                               max_tokens=2)  # fmt: skip
     assert response.choices[0].message.content is not None
-    assert detected_s < 15
 
 
 def test_engine_has_its_own_session_and_ends_with_its_replica(graph: str, client: Any) -> None:

@@ -155,6 +155,21 @@ def tokenizer_stage(app_args: AppArgs) -> Iterator[TokenizerStage]:
     stage.close()
 
 
+@pytest.fixture(scope="module")
+def vision_args(tiny_vision_model_path: Path) -> AppArgs:
+    """The tiny LLaVA's app args; a module overrides this fixture for other limits or admission."""
+    model = {"path": str(tiny_vision_model_path), "served_model_name": "tiny-llava", "max_model_len": 256}
+    return parse_app_args({"model": model, "multimodal": {}})
+
+
+@pytest.fixture(scope="module")
+def vision_tokenizer(vision_args: AppArgs) -> Iterator[TokenizerStage]:
+    """A tokenizer stage of the requesting module's `vision_args`."""
+    stage = TokenizerStage.from_args(vision_args)
+    yield stage
+    stage.close()
+
+
 @pytest.fixture
 def fake_llm() -> FakeLLM:
     return FakeLLM()
@@ -196,6 +211,16 @@ def sse_events() -> Any:
         return events
 
     return parse
+
+
+class Clock:
+    """A clock for code that takes one (`clock=`), moved by the test: `clock.now += 1.5`."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
 
 
 class HeldLLM(FakeLLM):

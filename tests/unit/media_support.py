@@ -1,4 +1,5 @@
-"""Images for the media tests, made with Pillow or written chunk by chunk: no binary fixtures."""
+"""Images for the media tests, made with Pillow or written chunk by chunk (no binary fixtures), and a fake
+multimodal stage for the ingress's image tests."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import struct
 import zlib
 from typing import Any
 
+import numpy as np
 from PIL import Image
+
+from serve_app.errors import BadRequestError
+from serve_app.messages import ImagesRequest, ProcessedImage, ProcessedImages
+
+TOKENS_PER_IMAGE = 16
 
 
 def encode(image: Image.Image, image_format: str, **options: Any) -> bytes:
@@ -40,3 +47,30 @@ def blank_bilevel_png(width: int, height: int) -> bytes:
 
 def _chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+class FakeMultimodal:
+    """Every URL is an image of TOKENS_PER_IMAGE tokens; a URL seen before is a cache hit."""
+
+    def __init__(self) -> None:
+        self.requests: list[ImagesRequest] = []
+        self.seen: set[str] = set()
+
+    async def process(self, request: ImagesRequest) -> ProcessedImages:
+        self.requests.append(request)
+        if any(url.startswith("bad:") for url in request.urls):
+            raise BadRequestError("Image 1: not an image", param="messages", code="invalid_image")
+        images = []
+        for url in request.urls:
+            images.append(ProcessedImage(np.zeros((2, 2, 3), np.uint8), url, TOKENS_PER_IMAGE, url in self.seen))
+            self.seen.add(url)
+        return ProcessedImages(images, 0.002)
+
+    async def check_health(self) -> None:
+        return None
+
+
+def image_message(*urls: str) -> list[dict[str, Any]]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "What is this?"}]
+    parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
+    return [{"role": "user", "content": parts}]

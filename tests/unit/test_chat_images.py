@@ -10,42 +10,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
 from serve_app.config import parse_app_args
-from serve_app.errors import BadRequestError
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.services import Services
-from serve_app.messages import ImagesRequest, ProcessedImage, ProcessedImages
+from serve_app.messages import ImagesRequest
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
+from tests.unit.media_support import TOKENS_PER_IMAGE, FakeMultimodal, image_message
 
 CHAT = "/v1/chat/completions"
-TOKENS_PER_IMAGE = 16
 MAX_REQUEST_BYTES = 4096
-
-
-class FakeMultimodal:
-    """Every URL is an image of TOKENS_PER_IMAGE tokens; a URL seen before is a cache hit."""
-
-    def __init__(self) -> None:
-        self.requests: list[ImagesRequest] = []
-        self.seen: set[str] = set()
-
-    async def process(self, request: ImagesRequest) -> ProcessedImages:
-        self.requests.append(request)
-        if any(url.startswith("bad:") for url in request.urls):
-            raise BadRequestError("Image 1: not an image", param="messages", code="invalid_image")
-        images = []
-        for url in request.urls:
-            images.append(ProcessedImage(np.zeros((2, 2, 3), np.uint8), url, TOKENS_PER_IMAGE, url in self.seen))
-            self.seen.add(url)
-        return ProcessedImages(images, 0.002)
-
-    async def check_health(self) -> None:
-        return None
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +34,6 @@ def vision_args(tiny_vision_model_path: Path) -> Any:
     })  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def vision_tokenizer(vision_args: Any) -> Iterator[TokenizerStage]:
-    stage = TokenizerStage.from_args(vision_args)
-    yield stage
-    stage.close()
-
-
 @pytest.fixture
 def multimodal() -> FakeMultimodal:
     return FakeMultimodal()
@@ -73,12 +43,6 @@ def multimodal() -> FakeMultimodal:
 def vision_client(vision_args: Any, vision_tokenizer: TokenizerStage, fake_llm: FakeLLM, multimodal: Any) -> Any:
     services = Services.create(vision_args, vision_tokenizer, fake_llm, multimodal)
     return TestClient(create_app(services))
-
-
-def image_message(*urls: str) -> list[dict[str, Any]]:
-    parts: list[dict[str, Any]] = [{"type": "text", "text": "What is this?"}]
-    parts += [{"type": "image_url", "image_url": {"url": url}} for url in urls]
-    return [{"role": "user", "content": parts}]
 
 
 def test_images_go_to_the_multimodal_stage_and_then_to_the_llm(

@@ -6,14 +6,7 @@ import pytest
 
 from serve_app.ingress.pipeline.engine_speed import EngineSpeed
 from serve_app.ingress.pipeline.work_admission import WorkGate, WorkTicket
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.conftest import Clock
 
 
 def learning_gate(clock: Clock) -> WorkGate:

@@ -10,23 +10,15 @@ from serve_app.errors import EngineDeadError
 from serve_app.messages import GenerationChunk
 from serve_app.stages.engine_watchdog import EngineWatchdog
 from serve_app.stages.llm import LLMStage
-from tests.unit.test_llm import FakeEngine, request, stream_of
-from tests.unit.vllm_support import completion, output, request_output
+from tests.unit.conftest import Clock
+from tests.unit.vllm_support import FakeEngine, completion, output, request, request_output, stream_of
 
 TIMEOUT_S = 10.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture()
 def clock() -> Clock:
-    return Clock()
+    return Clock(1000.0)
 
 
 def hanging_engine() -> FakeEngine:

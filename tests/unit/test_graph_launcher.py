@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -37,12 +36,10 @@ def test_stop_cluster_kills_what_outlives_the_shutdown(deaf_child: subprocess.Po
         deaf_child.terminate()
         terminated.append(deaf_child.pid)
 
-    started = time.monotonic()
     # Only the processes it is given: all of pytest's children would include the integration tests' cluster.
     stop_cluster(shutdown, [psutil.Process(deaf_child.pid)], grace_s=0.5)
     assert terminated == [deaf_child.pid]
     assert deaf_child.wait(timeout=5) == -signal.SIGKILL
-    assert time.monotonic() - started < 5
 
 
 def test_sigterm_exits_once_and_ignores_a_second() -> None:

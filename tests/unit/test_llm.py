@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncGenerator
-from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -35,67 +33,11 @@ from serve_app.messages import (
     TokenLogprob,
 )
 from serve_app.stages.llm import LLMStage, to_chunk
-from tests.unit.vllm_support import completion, output, request_output
-
-
-class FakeEngine:
-    """Yields `outputs`, then raises `error`; `wait` (an Event) makes it hang after the outputs."""
-
-    def __init__(self, outputs: list[RequestOutput], error: BaseException | None = None) -> None:
-        self.outputs = outputs
-        self.error = error
-        self.wait: asyncio.Event | None = None
-        self.waiting = asyncio.Event()
-        self.calls: list[tuple[Any, Any, str]] = []
-        self.priorities: list[int] = []
-        self.exit: str | None = None
-        self.health_error: BaseException | None = None
-        self.shut_down = False
-
-    async def generate(
-        self, prompt: Any, sampling_params: Any, request_id: str, *, priority: int = 0
-    ) -> AsyncGenerator[Any, None]:
-        self.calls.append((prompt, sampling_params, request_id))
-        self.priorities.append(priority)
-        try:
-            for output in self.outputs:
-                yield output
-            if self.wait is not None:
-                self.waiting.set()
-                await self.wait.wait()
-            if self.error is not None:
-                raise self.error
-        except GeneratorExit:
-            self.exit = "closed"  # vLLM's AsyncLLM.generate aborts the request here
-            raise
-        except asyncio.CancelledError:
-            self.exit = "cancelled"
-            raise
-        self.exit = "finished"
-
-    async def check_health(self) -> None:
-        if self.health_error is not None:
-            raise self.health_error
-
-    def get_num_unfinished_requests(self) -> int:
-        return 7
-
-    def shutdown(self) -> None:
-        self.shut_down = True
-
-
-def request(**sampling: Any) -> GenerateRequest:
-    return GenerateRequest("req-1", [1, 2, 3], SamplingSpec(**{"max_tokens": 8, **sampling}))
+from tests.unit.vllm_support import FakeEngine, completion, output, request, request_output, stream_of
 
 
 async def collect(stage: LLMStage, req: GenerateRequest) -> list[GenerationChunk]:
     return [chunk async for chunk in stage.generate(req)]
-
-
-def stream_of(stage: LLMStage, req: GenerateRequest) -> AsyncGenerator[GenerationChunk, None]:
-    """`stage.generate(req)` as what it is, an async generator (its clients' Protocol types it `AsyncIterator`):
-    these tests close it, as Serve does, and hand its `anext` to `create_task`, which takes a coroutine."""
-    return cast(AsyncGenerator[GenerationChunk, None], stage.generate(req))
 
 
 async def test_chunks_are_converted() -> None:

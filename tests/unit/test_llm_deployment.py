@@ -17,8 +17,7 @@ from serve_app.errors import EngineDeadError, ServiceUnavailableError, chunks_se
 from serve_app.stages.llm import LLMStage
 from serve_app.token_channel import Inbox
 from tests.unit.conftest import deployment_class
-from tests.unit.test_llm import FakeEngine, request
-from tests.unit.vllm_support import output
+from tests.unit.vllm_support import FakeEngine, output, request
 
 
 @pytest.fixture

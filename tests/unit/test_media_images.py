@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 from types import SimpleNamespace
 from typing import Any
@@ -43,9 +42,7 @@ def test_decompression_bomb_is_rejected_from_the_header(monkeypatch: pytest.Monk
         raise AssertionError("pixels were decoded")
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
-    start = time.perf_counter()
     error = rejected(bomb)
-    assert time.perf_counter() - start < 0.5
     assert error.code == "image_too_large"
     assert "36000000 pixels" in error.message
 

@@ -1,4 +1,4 @@
-"""serve_app/ingress/{generation,validation,streams,responses}.py: merge, request checks, start_stream."""
+"""serve_app/ingress/pipeline/{generation,validation,streams,responses}.py: merge, request checks, start_stream."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ and vision models, the speech tests' fake talker and vocoder.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from serve_app.ingress.pipeline.router import ModelRouter
 from serve_app.ingress.pipeline.services import Services
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import FakeLLM
-from tests.unit.test_chat_images import FakeMultimodal, image_message
+from tests.unit.media_support import FakeMultimodal, image_message
 from tests.unit.tts_support import (  # noqa: F401  (the fixtures, registered by their names)
     FakeTalker,
     body,
@@ -44,13 +43,6 @@ def vision_args(tiny_vision_model_path: Path) -> AppArgs:
         "multimodal": {},
         "admission": {"prefill_tokens_per_s": 150, "decode_tokens_per_s": 1e6, "max_wait_s": 1.0},
     })  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def vision_tokenizer(vision_args: AppArgs) -> Iterator[TokenizerStage]:
-    stage = TokenizerStage.from_args(vision_args)
-    yield stage
-    stage.close()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 from vllm.outputs import RequestOutput
 
 from serve_app.stages.stream_pacing import paced
+from tests.unit.conftest import Clock
 from tests.unit.vllm_support import output
 
 
@@ -45,16 +46,8 @@ def texts(out: RequestOutput) -> list[tuple[int, str, list[int]]]:
     return [(c.index, c.text, list(c.token_ids)) for c in out.outputs]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_without_an_interval_every_output_goes_out_as_it_comes() -> None:
-    engine, clock = Engine(), Clock()
+    engine, clock = Engine(), Clock(100.0)
     engine.put(output((0, "a", [1])), output((0, "b", [2])), output((0, "c", [3]), finished=True), None)
     sent = [texts(o) async for o in paced(engine.outputs(), next_output, 0.0, clock)]
     assert sent == [[(0, "a", [1])], [(0, "b", [2])], [(0, "c", [3])]]
@@ -62,7 +55,7 @@ async def test_without_an_interval_every_output_goes_out_as_it_comes() -> None:
 
 
 async def test_outputs_within_the_interval_go_out_merged_with_the_last_never_held() -> None:
-    engine, clock = Engine(), Clock()
+    engine, clock = Engine(), Clock(100.0)
     stream = paced(engine.outputs(), next_output, 1000.0, clock)  # a hold that never ends by itself
     engine.put(output((0, "He", [1])))
     first = await anext(stream)
@@ -75,7 +68,7 @@ async def test_outputs_within_the_interval_go_out_merged_with_the_last_never_hel
 
 
 async def test_a_finished_output_goes_out_at_once_with_what_is_held() -> None:
-    engine, clock = Engine(), Clock()
+    engine, clock = Engine(), Clock(100.0)
     stream = paced(engine.outputs(), next_output, 1000.0, clock)
     engine.put(output((0, "a", [1])))
     await anext(stream)
@@ -86,7 +79,7 @@ async def test_a_finished_output_goes_out_at_once_with_what_is_held() -> None:
 
 
 async def test_the_hold_counts_from_the_last_output_sent_not_the_last_received() -> None:
-    engine, clock = Engine(), Clock()
+    engine, clock = Engine(), Clock(100.0)
     stream = paced(engine.outputs(), next_output, 0.5, clock)
     engine.put(output((0, "a", [1])))
     await anext(stream)  # sent at 100.0
@@ -102,7 +95,7 @@ async def test_the_hold_counts_from_the_last_output_sent_not_the_last_received()
 
 
 async def test_choices_merge_by_index() -> None:
-    engine, clock = Engine(), Clock()
+    engine, clock = Engine(), Clock(100.0)
     stream = paced(engine.outputs(), next_output, 1000.0, clock)
     engine.put(output((0, "a", [1]), (1, "x", [7])))
     await anext(stream)
@@ -113,7 +106,7 @@ async def test_choices_merge_by_index() -> None:
 
 
 async def test_a_held_output_goes_out_when_the_interval_is_up() -> None:
-    engine, clock = Engine(), Clock()
+    engine, clock = Engine(), Clock(100.0)
     stream = paced(engine.outputs(), next_output, 0.05, clock)
     engine.put(output((0, "a", [1])), output((0, "b", [2])))
     await anext(stream)
@@ -126,7 +119,7 @@ async def test_a_held_output_goes_out_when_the_interval_is_up() -> None:
 
 
 async def test_an_output_after_the_interval_goes_out_at_once() -> None:
-    engine, clock = Engine(), Clock()
+    engine, clock = Engine(), Clock(100.0)
     stream = paced(engine.outputs(), next_output, 0.5, clock)
     engine.put(output((0, "a", [1])))
     await anext(stream)
@@ -137,14 +130,14 @@ async def test_an_output_after_the_interval_goes_out_at_once() -> None:
 
 
 async def test_what_is_held_goes_out_when_the_outputs_end_without_a_finished_one() -> None:
-    engine, clock = Engine(), Clock()
+    engine, clock = Engine(), Clock(100.0)
     engine.put(output((0, "a", [1])), output((0, "b", [2])), output((0, "c", [3])), None)
     sent = [texts(o) async for o in paced(engine.outputs(), next_output, 1000.0, clock)]
     assert sent == [[(0, "a", [1])], [(0, "bc", [2, 3])]]
 
 
 async def test_closing_while_an_output_is_held_stops_reading_the_engine() -> None:
-    engine, clock = Engine(), Clock()
+    engine, clock = Engine(), Clock(100.0)
     stream = paced(engine.outputs(), next_output, 1000.0, clock)
     engine.put(output((0, "a", [1])))
     await anext(stream)
@@ -164,7 +157,7 @@ async def test_an_engine_error_while_holding_reaches_the_caller() -> None:
         yield output((0, "b", [2]))
         raise RuntimeError("engine died")
 
-    stream = paced(failing(), next_output, 1000.0, Clock())
+    stream = paced(failing(), next_output, 1000.0, Clock(100.0))
     await anext(stream)
     with pytest.raises(RuntimeError, match="engine died"):
         await anext(stream)
