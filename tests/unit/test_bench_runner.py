@@ -98,7 +98,7 @@ async def test_closed_loop_waits_out_retry_after_when_asked() -> None:
         return RequestRecord(sent_at=refusals[-1], input_len=1, status=503, error="HTTP 503", retry_after_s=0.1)
 
     await closed_loop(refused, concurrency=1, duration_s=0.25, honor_retry_after=True)
-    assert len(refusals) == 3  # at 0, 0.1 and 0.2 s
+    assert 2 <= len(refusals) <= 3  # at 0, 0.1 and 0.2 s (a busy machine's late wake-up can skip the last)
     assert all(b - a >= 0.09 for a, b in itertools.pairwise(refusals))
     refusals.clear()
     await closed_loop(refused, concurrency=1, duration_s=0.05)
@@ -119,7 +119,7 @@ async def test_closed_loop_goes_on_until_enough_succeed_within_a_cap() -> None:
     start = time.perf_counter()
     records = await closed_loop(failing, concurrency=1, duration_s=0.05, min_ok=5, max_duration_s=0.2)
     assert not any(r.ok for r in records)
-    assert 0.2 <= time.perf_counter() - start < 0.4  # no success ever: the cap ends it
+    assert 0.2 <= time.perf_counter() - start < 2.0  # no success ever: the cap ends it (not min_ok)
 
 
 async def test_open_loop_follows_arrivals_and_caps_in_flight() -> None:

@@ -6,18 +6,12 @@ Windows are 1-3 frames: one frame costs tens of milliseconds on a thread.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from serve_app.codecs.snac import SnacDecoder
 from serve_app.messages import VocodeRequest
-from tests.unit.tts_support import random_frames, tiny_orpheus_path
+from tests.unit.tts_support import decoder_fixture, random_frames  # noqa: F401  (the fixture, by its name)
 
 SAMPLES_PER_FRAME = 2048
-
-
-@pytest.fixture(scope="module")
-def decoder() -> SnacDecoder:
-    return SnacDecoder(str(tiny_orpheus_path() / "snac"), threads=1)
 
 
 def test_decoder_shape(decoder: SnacDecoder) -> None:

@@ -15,18 +15,18 @@ from serve_app.token_channel import Inbox
 from tests.unit.conftest import deployment_class
 
 
-class RecordingHandle:
+class OptionsHandle:
     """Records the options it is asked for and gives a handle that records its own."""
 
     def __init__(self, options: dict[str, Any] | None = None) -> None:
         self.given = options or {}
 
-    def options(self, **options: Any) -> RecordingHandle:
-        return RecordingHandle({**self.given, **options})
+    def options(self, **options: Any) -> OptionsHandle:
+        return OptionsHandle({**self.given, **options})
 
 
 def test_every_stage_handle_uses_the_standard_pickle_both_ways(app_args: AppArgs) -> None:
-    stages = {"tokenizer": RecordingHandle(), "llm": RecordingHandle()}
+    stages = {"tokenizer": OptionsHandle(), "llm": OptionsHandle()}
     ingress = deployment_class(Ingress)
     services = ingress._services(app_args, stages, Inbox("127.0.0.1"))
     for handle in [services.llm._handle, services.tokenizer._stage._handle]:

@@ -14,14 +14,9 @@ from serve_app.codecs.snac import SnacDecoder
 from serve_app.errors import BadRequestError, DeadlineExceededError
 from serve_app.messages import VocodeRequest
 from serve_app.stages.vocoder import VocoderStage
-from tests.unit.tts_support import random_frames, tiny_orpheus_path
+from tests.unit.tts_support import decoder_fixture, random_frames, tiny_orpheus_path  # noqa: F401  (the fixture)
 
 SAMPLES_PER_FRAME = 2048
-
-
-@pytest.fixture(scope="module")
-def decoder() -> SnacDecoder:
-    return SnacDecoder(str(tiny_orpheus_path() / "snac"), threads=1)
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from fastapi.testclient import TestClient
 from starlette.responses import Response, StreamingResponse
 
 from serve_app.codecs.orpheus import CODEBOOK_SIZE, FRAME_SIZE, OrpheusLayout
+from serve_app.codecs.snac import SnacDecoder
 from serve_app.config import AppArgs, parse_app_args
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.services import Services
@@ -166,6 +167,12 @@ def speech_app_client(
     assert args.tts is not None
     args = args.model_copy(update={"tts": args.tts.model_copy(update=tts)})
     return TestClient(create_app(Services.create(args, tokenizer, talker, vocoder=vocoder)))
+
+
+@pytest.fixture(scope="module", name="decoder")
+def decoder_fixture() -> SnacDecoder:
+    """The tiny Orpheus's real SNAC decoder, on one thread."""
+    return SnacDecoder(str(tiny_orpheus_path() / "snac"), threads=1)
 
 
 @pytest.fixture(scope="module", name="speech_args")
