@@ -7,13 +7,15 @@ stage that finds the problem; Ray re-raises them in the caller as instances of t
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import JSONResponse
 
 from serve_app.config import AdmissionConfig
+
+if TYPE_CHECKING:
+    from serve_app.messages import Deadline
 
 
 def error_body(
@@ -171,9 +173,9 @@ class DeadlineExceededError(OpenAIError):
         super().__init__(message, param=param, code=code)
 
     @classmethod
-    def check(cls, deadline: float | None, stage: str) -> None:
-        """Refuse work whose deadline (wall-clock seconds, as in the messages) has passed."""
-        if deadline is not None and time.time() >= deadline:
+    def check(cls, deadline: Deadline | None, stage: str) -> None:
+        """Refuse work whose deadline has passed."""
+        if deadline is not None and deadline.remaining() <= 0:
             raise cls(f"The request's deadline passed before the {stage} stage started on it.")
 
 

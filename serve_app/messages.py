@@ -7,6 +7,7 @@ byte and every object here, so they carry only what the next stage needs.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, TypeVar, dataclass_transform
@@ -35,12 +36,27 @@ def message(cls: type[_M]) -> type[_M]:
 
 
 @message
+class Deadline:
+    """The time after which no stage starts work on a request: its one form, from the ingress, which sets it
+    (serve_app/ingress/pipeline/deadline.py), to every stage that checks it (`DeadlineExceededError.check`)."""
+
+    # Wall-clock seconds (time.time()): comparable across the replicas of a cluster, unlike a monotonic clock.
+    at: float
+
+    @classmethod
+    def after(cls, seconds: float, start: float | None = None) -> Deadline:
+        return cls((time.time() if start is None else start) + seconds)
+
+    def remaining(self) -> float:
+        return self.at - time.time()
+
+
+@message
 class ImagesRequest:
     """Ingress -> multimodal: the image URLs of one request (data:, http(s): or allowed file:), in order."""
 
     urls: list[str]
-    # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
-    deadline: float | None = None
+    deadline: Deadline | None = None
 
 
 @message
@@ -103,8 +119,7 @@ class TokenizeRequest:
     image_tokens: list[int] = field(default_factory=list)
     # `/tokenize`'s `return_token_strs`: each token's string in the vocabulary too.
     token_strs: bool = False
-    # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
-    deadline: float | None = None
+    deadline: Deadline | None = None
 
     @property
     def prompt_param(self) -> str:
@@ -174,8 +189,7 @@ class GenerateRequest:
     prompt_token_ids: list[int]
     sampling: SamplingSpec
     images: list[ProcessedImage] = field(default_factory=list)
-    # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
-    deadline: float | None = None
+    deadline: Deadline | None = None
 
 
 @message
@@ -225,8 +239,7 @@ class VocodeRequest:
 
     frames: list[list[int]]
     context: int
-    # Wall-clock time (time.time()) after which no stage starts work on the request; None: no deadline.
-    deadline: float | None = None
+    deadline: Deadline | None = None
 
 
 @message

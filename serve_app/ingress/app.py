@@ -38,7 +38,7 @@ from serve_app.ingress.middleware.body_limit import BodySizeLimit
 from serve_app.ingress.middleware.early_admission import EarlyAdmission
 from serve_app.ingress.middleware.paths import KNOWN_PATHS, route_path
 from serve_app.ingress.observability.metrics import IngressMetrics
-from serve_app.ingress.pipeline.deadline import Deadline, arrival, request_deadline, stamp_arrival
+from serve_app.ingress.pipeline.deadline import arrival, request_deadline, stamp_arrival
 from serve_app.ingress.pipeline.router import Capability, ModelRouter, capabilities
 from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.protocol import ErrorResponse, ModelCard, ModelList
@@ -51,6 +51,7 @@ from serve_app.ingress.tokenize.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from serve_app.messages import Deadline
 
 logger = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from serve_app.config import LimitsConfig
 from serve_app.errors import BadRequestError, DeadlineExceededError
-from serve_app.ingress.pipeline.deadline import HEADER, Deadline, request_deadline, within
+from serve_app.ingress.pipeline.deadline import HEADER, request_deadline, within
 from serve_app.ingress.pipeline.services import Services
-from serve_app.messages import ChoiceDelta, GenerateRequest, GenerationChunk, TextPrompt, TokenizeRequest
+from serve_app.messages import ChoiceDelta, Deadline, GenerateRequest, GenerationChunk, TextPrompt, TokenizeRequest
 from serve_app.stages.tokenizer import TokenizerStage
 from tests.unit.conftest import MODEL_NAME, FakeLLM
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
-PAST = time.time() - 1
+PAST = Deadline.after(-1)
 
 
 class StallingLLM(FakeLLM):
@@ -79,7 +79,7 @@ def test_the_deadline_counts_from_the_requests_arrival(client: TestClient, fake_
     )
     assert response.status_code == 200
     [request] = fake_llm.requests
-    assert request.deadline is not None and sent <= request.deadline - 600 < sent + 0.4
+    assert request.deadline is not None and sent <= request.deadline.at - 600 < sent + 0.4
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1", "nan", "inf", ""])
@@ -123,7 +123,7 @@ async def test_within_counts_a_stages_refusal_and_passes_other_errors() -> None:
 def test_the_tokenizer_stage_refuses_late_work(tokenizer_stage: TokenizerStage) -> None:
     with pytest.raises(DeadlineExceededError, match="tokenizer"):
         tokenizer_stage.tokenize_sync(TokenizeRequest(TextPrompt("hi"), True, deadline=PAST))
-    assert tokenizer_stage.tokenize_sync(TokenizeRequest(TextPrompt("hi"), True, deadline=time.time() + 60)).token_ids
+    assert tokenizer_stage.tokenize_sync(TokenizeRequest(TextPrompt("hi"), True, deadline=Deadline.after(60))).token_ids
 
 
 def test_a_unary_request_past_its_deadline_is_a_504_and_stops_the_engine(
@@ -138,7 +138,7 @@ def test_a_unary_request_past_its_deadline_is_a_504_and_stops_the_engine(
     assert response.json()["error"]["type"] == "GatewayTimeoutError"
     assert llm.closed == [llm.requests[0].request_id]
     deadline = llm.requests[0].deadline  # the absolute deadline travelled to the stage
-    assert deadline is not None and 0.3 <= deadline - sent < 0.5
+    assert deadline is not None and 0.3 <= deadline.at - sent < 0.5
 
 
 def test_a_started_stream_ends_with_an_error_event_then_done(

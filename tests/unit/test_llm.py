@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from serve_app.errors import (
 )
 from serve_app.messages import (
     ChoiceDelta,
+    Deadline,
     GenerateRequest,
     GenerationChunk,
     ProcessedImage,
@@ -282,9 +282,9 @@ async def test_more_choices_than_the_engine_holds_is_a_400() -> None:
 
 async def test_a_request_past_its_deadline_never_reaches_the_engine() -> None:
     engine = FakeEngine([output((0, "a", [1]))])
-    late = GenerateRequest("req-1", [1, 2, 3], SamplingSpec(max_tokens=8), deadline=time.time() - 1)
+    late = GenerateRequest("req-1", [1, 2, 3], SamplingSpec(max_tokens=8), deadline=Deadline.after(-1))
     with pytest.raises(DeadlineExceededError, match="llm"):
         await collect(LLMStage(engine), late)
     assert engine.calls == []
-    on_time = GenerateRequest("req-2", [1, 2, 3], SamplingSpec(max_tokens=8), deadline=time.time() + 60)
+    on_time = GenerateRequest("req-2", [1, 2, 3], SamplingSpec(max_tokens=8), deadline=Deadline.after(60))
     assert len(await collect(LLMStage(engine), on_time)) == 1

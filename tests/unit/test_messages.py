@@ -13,6 +13,7 @@ from ray import cloudpickle
 from serve_app import messages
 from serve_app.messages import (
     ChoiceDelta,
+    Deadline,
     GenerateRequest,
     GenerationChunk,
     ImagesRequest,
@@ -27,7 +28,9 @@ CHUNK = GenerationChunk(
     finished=True,
     engine_ttft_s=0.25,
 )
-REQUEST = GenerateRequest("cmpl-1-0", [1, 2, 3], SamplingSpec(max_tokens=4, stop=["x"], priority=-1), deadline=9.5)
+REQUEST = GenerateRequest(
+    "cmpl-1-0", [1, 2, 3], SamplingSpec(max_tokens=4, stop=["x"], priority=-1), deadline=Deadline(9.5)
+)
 IMAGES = ProcessedImages([ProcessedImage(np.zeros((2, 3, 3), np.uint8), "h", 4, cache_hit=False)], elapsed_s=0.1)
 
 

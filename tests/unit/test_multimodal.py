@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ from PIL import Image
 from serve_app.config import MultimodalConfig, parse_app_args
 from serve_app.errors import BadRequestError, DeadlineExceededError
 from serve_app.media.images import ImageSize
-from serve_app.messages import ImagesRequest
+from serve_app.messages import Deadline, ImagesRequest
 from serve_app.stages.multimodal import ImageCache, MultimodalStage
 from tests.unit.media_support import data_url, encode
 
@@ -146,4 +145,4 @@ def test_a_text_model_is_refused_at_startup(tiny_model_path: Path) -> None:
 
 async def test_a_request_past_its_deadline_is_refused() -> None:
     with pytest.raises(DeadlineExceededError, match="multimodal"):
-        await make_stage().process(ImagesRequest([photo((1, 2, 3))], deadline=time.time() - 1))
+        await make_stage().process(ImagesRequest([photo((1, 2, 3))], deadline=Deadline.after(-1)))

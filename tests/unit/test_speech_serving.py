@@ -180,9 +180,9 @@ async def test_a_stream_beyond_max_streams_waits_for_a_slot(waiting_services: Se
 
 
 async def test_a_waiting_stream_ends_at_its_deadline(waiting_services: Services, vocoder: FakeVocoder) -> None:
-    from serve_app.ingress.pipeline.deadline import Deadline
     from serve_app.ingress.speech.protocol import SpeechRequest
     from serve_app.ingress.speech.serving import create_speech
+    from serve_app.messages import Deadline
 
     services, slots = waiting_services, waiting_services.speech_slots
     vocoder.delay_s = 0.02
@@ -345,6 +345,6 @@ def test_the_deadline_reaches_the_vocoder_and_ends_an_sse_stream(
     assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "deadline_exceeded"
     assert 1 <= elapsed < 5
     assert len(vocoder.requests) > 1
-    assert all(r.deadline is not None and 1 <= r.deadline - sent <= elapsed for r in vocoder.requests)
+    assert all(r.deadline is not None and 1 <= r.deadline.at - sent <= elapsed for r in vocoder.requests)
     assert talker.closed == 1
     assert vocoder.in_flight == 0  # the stalled call was cancelled

@@ -5,14 +5,12 @@ Windows are 1-3 frames: one frame costs tens of milliseconds on a thread.
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from serve_app.codecs.snac import SnacDecoder
 from serve_app.errors import BadRequestError, DeadlineExceededError
-from serve_app.messages import VocodeRequest
+from serve_app.messages import Deadline, VocodeRequest
 from serve_app.stages.vocoder import VocoderStage
 from tests.unit.tts_support import decoder_fixture, random_frames, tiny_orpheus_path  # noqa: F401  (the fixture)
 
@@ -73,4 +71,4 @@ def test_from_args_checks_the_codec_against_the_config() -> None:
 
 def test_a_request_past_its_deadline_is_refused(stage: VocoderStage) -> None:
     with pytest.raises(DeadlineExceededError, match="vocoder"):
-        stage.decode_sync(VocodeRequest(random_frames(2, seed=5), 0, deadline=time.time() - 1))
+        stage.decode_sync(VocodeRequest(random_frames(2, seed=5), 0, deadline=Deadline.after(-1)))

@@ -11,7 +11,6 @@ from starlette.responses import JSONResponse
 from serve_app.ingress import sse
 from serve_app.ingress.chat.protocol import ChatCompletionRequest
 from serve_app.ingress.closing_response import ClosingStreamingResponse
-from serve_app.ingress.pipeline.deadline import Deadline
 from serve_app.ingress.pipeline.generation import Stream, start_stream
 from serve_app.ingress.pipeline.prompts import chat_prompt
 from serve_app.ingress.pipeline.responses import new_request_id, timing_headers
@@ -19,7 +18,7 @@ from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.pipeline.streams import ChoiceState
 from serve_app.ingress.pipeline.validation import check_limits, check_model
 from serve_app.ingress.protocol import usage
-from serve_app.messages import TokenLogprob
+from serve_app.messages import Deadline, TokenLogprob
 
 
 def chat_logprobs(items: list[TokenLogprob]) -> dict[str, Any]:

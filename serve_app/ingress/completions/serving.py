@@ -19,14 +19,14 @@ from serve_app.errors import BadRequestError
 from serve_app.ingress import sse
 from serve_app.ingress.closing_response import ClosingStreamingResponse
 from serve_app.ingress.completions.protocol import CompletionRequest
-from serve_app.ingress.pipeline.deadline import Deadline, within
+from serve_app.ingress.pipeline.deadline import within
 from serve_app.ingress.pipeline.generation import Stream, start_stream
 from serve_app.ingress.pipeline.responses import new_request_id, timing_headers
 from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.pipeline.streams import ChoiceState, merge
 from serve_app.ingress.pipeline.validation import check_limits, check_model
 from serve_app.ingress.protocol import usage
-from serve_app.messages import TextPrompt, TokenLogprob
+from serve_app.messages import Deadline, TextPrompt, TokenLogprob
 
 
 class _Offsets:

@@ -4,7 +4,7 @@ A generation request's deadline comes from its `X-Request-Timeout` header (secon
 `limits.max_request_timeout_s`) or else `limits.request_timeout_s`, counted from the request's arrival
 in the ingress app (`stamp_arrival`, by its outermost middleware): early admission weighs a request
 against the deadline the route then enforces, and the time a burst takes to read and parse its bodies
-counts. It travels to every stage as an absolute wall-clock time in the messages, so a stage refuses
+counts. It travels to every stage in the messages (`messages.Deadline`, wall clock), so a stage refuses
 work whose deadline passed while it queued; and the ingress stops waiting at the deadline: leaving a
 handle call cancels it, and Ray Serve cancels the call in the replica (the engine aborts a generation
 whose generator is closed).
@@ -17,34 +17,16 @@ import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from prometheus_client import Counter
 from starlette.types import Scope
 
 from serve_app.config import LimitsConfig
 from serve_app.errors import BadRequestError, DeadlineExceededError, find_openai_error
+from serve_app.messages import Deadline
 
 HEADER = "X-Request-Timeout"
 _ARRIVED = "serve_graph_arrived_at"  # in the ASGI scope's `state`, which Starlette's `request.state` reads
-
-
-@dataclass(frozen=True)
-class Deadline:
-    # Wall-clock seconds (time.time()): comparable across the replicas of a cluster, unlike a monotonic clock.
-    at: float
-
-    @classmethod
-    def after(cls, seconds: float, start: float | None = None) -> Deadline:
-        return cls((time.time() if start is None else start) + seconds)
-
-    def remaining(self) -> float:
-        return self.at - time.time()
-
-
-def deadline_at(deadline: Deadline | None) -> float | None:
-    """What the messages carry: the wall-clock deadline, or None."""
-    return None if deadline is None else deadline.at
 
 
 def stamp_arrival(scope: Scope) -> None:

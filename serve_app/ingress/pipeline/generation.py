@@ -26,13 +26,14 @@ from dataclasses import dataclass, field, replace
 from serve_app.errors import BadRequestError, DeadlineExceededError, EngineDeadError
 from serve_app.ingress.middleware.early_admission import take_early_ticket
 from serve_app.ingress.observability.metrics import IngressMetrics
-from serve_app.ingress.pipeline.deadline import Deadline, deadline_at, within
+from serve_app.ingress.pipeline.deadline import within
 from serve_app.ingress.pipeline.inline_tokenizer import prompt_chars
 from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.pipeline.work_admission import WorkTicket, admit_prompt
 from serve_app.ingress.protocol import SamplingRequest
 from serve_app.messages import (
     ChatPrompt,
+    Deadline,
     GenerateRequest,
     GenerationChunk,
     ImagesRequest,
@@ -113,7 +114,7 @@ async def process_images(
     start = time.perf_counter()
     with services.metrics.stage_in_flight.labels("multimodal").track_inprogress():
         async with within(deadline, "multimodal", services.metrics.rejections):
-            processed = await services.multimodal.process(ImagesRequest(urls, deadline_at(deadline)))
+            processed = await services.multimodal.process(ImagesRequest(urls, deadline))
     hits = sum(image.cache_hit for image in processed.images)
     services.metrics.image_cache.labels("hit").inc(hits)
     services.metrics.image_cache.labels("miss").inc(len(processed.images) - hits)
@@ -175,14 +176,14 @@ async def start_generation(
     try:
         with metrics.stage_in_flight.labels("tokenizer").track_inprogress():
             async with within(deadline, "tokenizer", metrics.rejections):
-                tokenized = await services.tokenizer.tokenize(replace(tokenize, deadline=deadline_at(deadline)))
+                tokenized = await services.tokenizer.tokenize(replace(tokenize, deadline=deadline))
     except BaseException:
         if ticket is not None:
             ticket.release()
         raise
     called_llm = time.perf_counter()
     spec = sampling(tokenized.max_tokens)
-    request = GenerateRequest(request_id, tokenized.token_ids, spec, images or [], deadline_at(deadline))
+    request = GenerateRequest(request_id, tokenized.token_ids, spec, images or [], deadline)
     if ticket is not None and services.work is not None:
         prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
         services.work.learn(prompt_chars(tokenize.prompt), prompt_tokens)
@@ -221,7 +222,7 @@ def admit_work(services: Services, tokenize: TokenizeRequest, deadline: Deadline
     (`work_admission.py`), or OverloadedError."""
     if services.work is None:
         return None
-    DeadlineExceededError.check(deadline_at(deadline), "ingress")  # a 504, not an overload, once it passed
+    DeadlineExceededError.check(deadline, "ingress")  # a 504, not an overload, once it passed
     early = take_early_ticket()  # weighed on arrival, before parsing (`early_admission.py`)
     if early is not None:
         return early

@@ -41,14 +41,14 @@ from serve_app.errors import BadRequestError, OverloadedError
 from serve_app.ingress import sse
 from serve_app.ingress.closing_response import ClosingStreamingResponse
 from serve_app.ingress.pipeline.clients import VocoderClient
-from serve_app.ingress.pipeline.deadline import Deadline, deadline_at, within
+from serve_app.ingress.pipeline.deadline import within
 from serve_app.ingress.pipeline.generation import Stream, start_generation
 from serve_app.ingress.pipeline.responses import new_request_id, timing_headers
 from serve_app.ingress.pipeline.services import Services
 from serve_app.ingress.pipeline.slots import Slots
 from serve_app.ingress.pipeline.validation import check_model
 from serve_app.ingress.speech.protocol import SpeechRequest, VoiceList
-from serve_app.messages import AudioChunk, SamplingSpec, SpeechPrompt, TokenizeRequest, VocodeRequest
+from serve_app.messages import AudioChunk, Deadline, SamplingSpec, SpeechPrompt, TokenizeRequest, VocodeRequest
 
 # Frames of a token chunk that has not completed a frame are kept by FrameAssembler; a talker may
 # emit a few non-audio tokens, which this margin leaves room for.
@@ -209,7 +209,7 @@ async def audio_chunks(
         nonlocal context, size, sent
         sent += len(frames)
         size = next_chunk_frames(tts, sent)
-        request = VocodeRequest([*context, *frames], len(context), deadline_at(stream.deadline))
+        request = VocodeRequest([*context, *frames], len(context), stream.deadline)
         pending.append(asyncio.ensure_future(decode(request)))
         context = [*context, *frames][-tts.context_frames :] if tts.context_frames else []
 
