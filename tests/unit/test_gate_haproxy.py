@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -237,13 +237,13 @@ def may_run_realtime() -> bool:
     return child_may("os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))")
 
 
-def test_the_script_gates_serves_config_and_execs_haproxy_in_a_weighted_session_that_ends_with_its_parent(
-    tmp_path: Path,
-) -> None:
+@pytest.fixture
+def started_by_serve(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], psutil.Process, Path]]:
+    """The script started on a Serve-written config as Serve's proxy actor starts it, by a parent that says
+    its pid and waits to be killed: (the parent, the process the script became, the config)."""
     config = tmp_path / "haproxy.cfg"
     config.write_text(SERVE_CONFIG.format(dir=tmp_path, port=free_port(), backend=free_port()))
     script = "from serve_app.ingress.gate.haproxy import main; main()"
-    # A parent that starts it as Serve's proxy actor does, says its pid, and waits to be killed.
     start = f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', {script!r}, '-db', '-f', " \
             f"{str(config)!r}]); print(p.pid, flush=True); time.sleep(60)"  # fmt: skip
     parent = subprocess.Popen([sys.executable, "-c", start], stdout=subprocess.PIPE, text=True)
@@ -254,20 +254,37 @@ def test_the_script_gates_serves_config_and_execs_haproxy_in_a_weighted_session_
             if (tmp_path / "admin.sock").exists():
                 break
             time.sleep(0.05)
-        assert (tmp_path / "admin.sock").exists() and MARK in config.read_text()
-        assert Path(haproxy.exe()) == Path(real_binary()) and os.getsid(haproxy.pid) == haproxy.pid
-        if may_raise_weight():
-            assert autogroup(haproxy.pid).endswith(f" nice {AUTOGROUP_NICE}")
-        if may_run_realtime():
-            assert os.sched_getscheduler(haproxy.pid) == os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
-            assert os.sched_getparam(haproxy.pid).sched_priority == REALTIME_PRIORITY
-        parent.kill()
-        parent.wait()
-        haproxy.wait(5)  # ended with its parent, or psutil.TimeoutExpired
+        assert (tmp_path / "admin.sock").exists()
+        yield parent, haproxy, config
     finally:
         parent.kill()
         if haproxy.is_running():
             haproxy.kill()
+
+
+def test_the_script_gates_serves_config_and_execs_haproxy_in_a_session_that_ends_with_its_parent(
+    started_by_serve: tuple[subprocess.Popen[str], psutil.Process, Path],
+) -> None:
+    parent, haproxy, config = started_by_serve
+    assert MARK in config.read_text()
+    assert Path(haproxy.exe()) == Path(real_binary()) and os.getsid(haproxy.pid) == haproxy.pid
+    parent.kill()
+    parent.wait()
+    haproxy.wait(5)  # ended with its parent, or psutil.TimeoutExpired
+
+
+def test_haproxys_session_gets_its_weight(started_by_serve: tuple[subprocess.Popen[str], psutil.Process, Path]) -> None:
+    if not may_raise_weight():
+        pytest.skip("a session of this user may not raise its weight here (CAP_SYS_NICE, autogroups)")
+    assert autogroup(started_by_serve[1].pid).endswith(f" nice {AUTOGROUP_NICE}")
+
+
+def test_haproxy_runs_realtime(started_by_serve: tuple[subprocess.Popen[str], psutil.Process, Path]) -> None:
+    if not may_run_realtime():
+        pytest.skip("a process of this user may not enter SCHED_FIFO here (CAP_SYS_NICE, its cgroup)")
+    haproxy = started_by_serve[1]
+    assert os.sched_getscheduler(haproxy.pid) == os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+    assert os.sched_getparam(haproxy.pid).sched_priority == REALTIME_PRIORITY
 
 
 def test_without_the_right_to_raise_its_priority_haproxy_says_so_and_starts_at_the_default() -> None:
