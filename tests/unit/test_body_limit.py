@@ -18,9 +18,11 @@ from starlette.routing import Route
 from serve_app.ingress.middleware.body_limit import BodySizeLimit
 
 LIMIT = 1024
+reached: list[str] = []  # the paths the echo app was called for
 
 
 async def echo(request: Request) -> Response:
+    reached.append(request.url.path)
     try:
         return Response(await request.body())
     except ClientDisconnect:  # how the limit ends the app's read after its 413; this answer is dropped
@@ -29,6 +31,7 @@ async def echo(request: Request) -> Response:
 
 @pytest.fixture
 def client() -> TestClient:
+    reached.clear()
     return TestClient(BodySizeLimit(Starlette(routes=[Route("/", echo, methods=["POST"])]), LIMIT))
 
 
@@ -53,6 +56,7 @@ def test_a_body_up_to_the_limit_reaches_the_app_whole(client: TestClient, size: 
 
 def test_a_declared_length_over_the_limit_is_refused_before_the_app_reads(client: TestClient) -> None:
     assert_refused(client.post("/", content=b"x" * (LIMIT + 1)))
+    assert reached == []
 
 
 def test_a_chunked_body_is_refused_once_it_passes_the_limit(client: TestClient) -> None:
