@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psutil
 
 
@@ -11,3 +13,8 @@ def running(pid: int) -> bool:
         return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
+
+
+def autogroup(pid: int) -> str:
+    """`/autogroup-<id> nice <n>`: the scheduling group of `pid` and its weight."""
+    return Path(f"/proc/{pid}/autogroup").read_text().strip()

@@ -10,6 +10,7 @@ from typing import Any, cast
 
 import httpx
 import openai
+import psutil
 import yaml
 
 from load.serve_config import pin_local_paths
@@ -139,8 +140,21 @@ def error_fields(error: openai.APIError) -> dict[str, Any]:
     return cast(dict[str, Any], error.body)
 
 
-def graph_healthy(base_url: str) -> bool:
+def health_status(base_url: str) -> int:
+    """`/health`'s status code, 0 if it did not answer."""
     try:
-        return httpx.get(f"{base_url}/health", timeout=2).status_code == 200
+        return httpx.get(f"{base_url}/health", timeout=2).status_code
     except httpx.HTTPError:
-        return False
+        return 0
+
+
+def graph_healthy(base_url: str) -> bool:
+    return health_status(base_url) == 200
+
+
+def engine_core_pid(replica_pid: int) -> int:
+    """The one vLLM engine core under an llm replica."""
+    cores = [p for p in psutil.Process(replica_pid).children(recursive=True) if "EngineCore" in p.name()
+             or "EngineCore" in " ".join(p.cmdline())]  # fmt: skip
+    assert len(cores) == 1, cores
+    return int(cores[0].pid)

@@ -12,11 +12,19 @@ import signal
 import time
 from typing import Any
 
-import httpx
 import psutil
 from ray._private import state
 
-from tests.integration.support import APP, TEXT_MODEL, deployment, health_key, stage_health, wait_for
+from tests.integration.support import (
+    APP,
+    TEXT_MODEL,
+    deployment,
+    engine_core_pid,
+    health_key,
+    health_status,
+    stage_health,
+    wait_for,
+)
 from tests.processes import running
 
 
@@ -28,20 +36,6 @@ def llm_replica_pids() -> list[int]:
 def llm_replica_pid() -> int:
     (pid,) = llm_replica_pids()
     return pid
-
-
-def engine_core_pid(replica_pid: int) -> int:
-    cores = [p for p in psutil.Process(replica_pid).children(recursive=True) if "EngineCore" in p.name()
-             or "EngineCore" in " ".join(p.cmdline())]  # fmt: skip
-    assert len(cores) == 1, cores
-    return int(cores[0].pid)
-
-
-def health_status(base_url: str) -> int:
-    try:
-        return httpx.get(f"{base_url}/health", timeout=2).status_code
-    except httpx.HTTPError:
-        return 0
 
 
 def llm_reported_broken(base_url: str) -> bool:

@@ -35,12 +35,13 @@ from tests.integration.support import (
     VISION_MODEL,
     WATCHDOG_TIMEOUT_S,
     deployment,
+    engine_core_pid,
     graph_healthy,
     health_key,
+    health_status,
     stage_health,
     wait_for,
 )
-from tests.integration.test_engine_death import engine_core_pid, health_status
 
 # "Within a couple of seconds" of the fault, with room for a loaded 2-core machine.
 ERROR_WITHIN_S = 5.0

@@ -11,12 +11,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from importlib.metadata import entry_points
-from pathlib import Path
 
 import pytest
 
 from serve_app.stages.engine_session import AUTOGROUP_NICE, GRACE_S, asked_by
-from tests.processes import running
+from tests.processes import autogroup, running
 
 
 @pytest.mark.parametrize(
@@ -50,11 +49,6 @@ CORE = "from serve_app.stages.engine_session import detach; import os, signal, s
 REPLICA = "from serve_app.stages.engine_session import request_own_session; import subprocess, sys, time; " \
           f"request_own_session(sys.argv[1] == 'ask'); subprocess.Popen([sys.executable, '-c', {CORE!r}]); " \
           "time.sleep(600)"  # fmt: skip
-
-
-def autogroup(pid: int) -> str:
-    """`/autogroup-<id> nice <n>`: the scheduling group of `pid` and its weight."""
-    return Path(f"/proc/{pid}/autogroup").read_text().strip()
 
 
 class Reports:

@@ -6,20 +6,8 @@ import pytest
 
 from serve_app.ingress.pipeline.engine_speed import EngineSpeed
 from serve_app.ingress.pipeline.work_admission import WorkGate, WorkTicket
+from tests.unit.admission_support import decode, learning_gate
 from tests.unit.conftest import Clock
-
-
-def learning_gate(clock: Clock) -> WorkGate:
-    # 10 ms per generated token, 90 s of wait; max_num_seqs 16: busy from 4 live requests.
-    return WorkGate(prefill_tokens_per_s=1e6, decode_tokens_per_s=100, max_wait_s=90, max_num_seqs=16, clock=clock)
-
-
-def decode(clock: Clock, tickets: list[WorkTicket], seconds: float, tokens_per_s: float) -> None:
-    """The engine generates `tokens_per_s` over the batch, spread evenly over `tickets`, for `seconds`."""
-    for _ in range(round(seconds * 10)):
-        clock.now += 0.1
-        for ticket in tickets:
-            ticket.generated(round(tokens_per_s * 0.1 / len(tickets)))
 
 
 def admit(gate: WorkGate, n: int) -> list[WorkTicket]:

@@ -33,8 +33,8 @@ from serve_app.ingress.gate.haproxy import (
 )
 from serve_app.ingress.gate.publisher import RefusalCounts, entries, publish
 from serve_app.stages.tokenizer import TokenizerStage
-from tests.unit.test_engine_session import autogroup
-from tests.unit.test_gate_publisher import RATES, gated
+from tests.processes import autogroup
+from tests.unit.admission_support import RATES, gated
 
 # Serve 2.60's rendered config, cut to what the gate relies on: the admin socket and `http_frontend`.
 SERVE_CONFIG = """global

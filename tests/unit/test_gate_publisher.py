@@ -18,20 +18,12 @@ from serve_app.ingress.gate.publisher import (
     prepare,
     write_maps,
 )
-from serve_app.ingress.pipeline.services import Services
 from serve_app.stages.tokenizer import TokenizerStage
-from tests.unit.conftest import FakeLLM
-
-RATES = AdmissionConfig(prefill_tokens_per_s=1000, decode_tokens_per_s=100, max_wait_s=4.5, status_code=429,
-                        retry_after_s=7, learn_speed=False)  # fmt: skip
+from tests.unit.admission_support import gated
 
 
 async def at_root() -> bool:
     return True
-
-
-def gated(app_args: AppArgs, tokenizer_stage: TokenizerStage, admission: AdmissionConfig = RATES) -> Services:
-    return Services.create(app_args.model_copy(update={"admission": admission}), tokenizer_stage, FakeLLM())
 
 
 def test_the_values_are_the_work_gates_rates_in_nanoseconds(app_args: AppArgs, tokenizer_stage: TokenizerStage) -> None:

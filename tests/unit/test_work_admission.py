@@ -17,8 +17,8 @@ from serve_app.messages import (
     TokenizeRequest,
 )
 from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.admission_support import decode, learning_gate
 from tests.unit.conftest import Clock, CountingTokenizer, FakeLLM, HeldLLM
-from tests.unit.test_engine_speed import decode, learning_gate
 
 
 def gate(max_wait_s: float = 10.0) -> WorkGate:
