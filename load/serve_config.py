@@ -4,12 +4,16 @@ engine references), or the config itself made ready to deploy from this checkout
 The tools serve one model at a time, named `CONFIG@NAME`: NAME is a model of the config's graph
 application (`configs/cpu-tiny.yaml@tiny-llava`) or one of its applications (`@vision-app`, in configs
 with one model per application); without it, the first application's first model.
+`python -m load.serve_config configs/cpu-tiny.yaml@tiny-chat > .cache/tiny-chat.yaml` writes that
+selection as a config of its own (the text app alone: `make serve CONFIG=.cache/tiny-chat.yaml`).
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -89,3 +93,16 @@ def pin_local_paths(config: dict[str, Any], root: Path) -> dict[str, Any]:
                 if value and not Path(value).is_absolute() and (root / value).exists():
                     holder[key] = str(root / value)
     return config
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Print the Serve config of one model of a config (YAML).")
+    parser.add_argument("config", help="CONFIG[@NAME]: a model or application of CONFIG (default its first model)")
+    path, _, name = parser.parse_args(argv).config.partition("@")
+    with open(path) as f:
+        config = select(yaml.safe_load(f), name or None, path)
+    yaml.safe_dump(config, sys.stdout, sort_keys=False)
+
+
+if __name__ == "__main__":
+    main()
