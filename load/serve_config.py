@@ -4,8 +4,8 @@ engine references), or the config itself made ready to deploy from this checkout
 The tools serve one model at a time, named `CONFIG@NAME`: NAME is a model of the config's graph
 application (`configs/cpu-tiny.yaml@tiny-llava`) or one of its applications (`@vision-app`, in configs
 with one model per application); without it, the first application's first model.
-`python -m load.serve_config configs/cpu-tiny.yaml@tiny-chat > .cache/tiny-chat.yaml` writes that
-selection as a config of its own (the text app alone: `make serve CONFIG=.cache/tiny-chat.yaml`).
+`python -m load.serve_config configs/cpu-tiny.yaml@tiny-chat > /tmp/tiny-chat.yaml` writes that
+selection as a config of its own (the text app alone: `make serve CONFIG=/tmp/tiny-chat.yaml`).
 """
 
 from __future__ import annotations
