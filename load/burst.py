@@ -174,12 +174,12 @@ async def burst(
     connected = await asyncio.gather(*(connect(family, address) for _ in range(n)), return_exceptions=True)
     receptions = {i: Reception(c) for i, c in enumerate(connected) if isinstance(c, socket.socket)}
     try:
-        kernel_stamps.wait_until_stamping()
-        sent = time.perf_counter()
-        for i, reception in receptions.items():
-            await reception.send(bodies[i])
-        if receptions:
-            await asyncio.wait([r.done for r in receptions.values()], timeout=timeout_s)
+        with kernel_stamps.stamping():
+            sent = time.perf_counter()
+            for i, reception in receptions.items():
+                await reception.send(bodies[i])
+            if receptions:
+                await asyncio.wait([r.done for r in receptions.values()], timeout=timeout_s)
     finally:
         # Answers still open: the burst was cancelled, or the server kept them past the timeout.
         for reception in receptions.values():

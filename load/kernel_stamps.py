@@ -12,7 +12,8 @@ from __future__ import annotations
 import socket
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 # The `socket` module does not name it (nor its SCM_ message type, the same number).
 SO_TIMESTAMPNS = 35
@@ -39,12 +40,16 @@ def stamp(ancillary: Iterable[tuple[int, int, bytes]]) -> float | None:
     return None
 
 
-def wait_until_stamping(timeout_s: float = 1.0) -> None:
-    """Returns once the kernel stamps the TCP segments it receives (or after `timeout_s`, with answers
-    then possibly unstamped). Linux stamps received packets only while some socket on the machine asks
-    for stamps, and turns that on in a deferred work item after the first one asks: TCP segments that
-    arrive before are not stamped at all (3 of 20 first segments on loopback, in fresh processes here).
-    Called while the caller's own sockets ask for stamps, so that they stay on."""
+@contextmanager
+def stamping(timeout_s: float = 1.0) -> Iterator[None]:
+    """While inside, the kernel stamps the TCP segments it receives for every socket that asks (once on,
+    or after `timeout_s`, with answers then possibly unstamped).
+
+    Linux stamps received packets only while some socket on the machine asks for stamps. It turns that on
+    in a deferred work item after the first one asks, and off the same way after the last one closes:
+    segments that arrive in between are not stamped at all (3 of 20 first segments on loopback, in fresh
+    processes here; in CI, an answer on a probe connection that had closed and reopened). So one asking
+    socket of our own stays open for the whole block, whatever the caller's connections do meanwhile."""
     deadline = time.monotonic() + timeout_s
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as ours:
         ask(ours)
@@ -54,5 +59,6 @@ def wait_until_stamping(timeout_s: float = 1.0) -> None:
                 theirs.sendall(b"x")
                 _, when = receive(ours, 1)
                 if when is not None:
-                    return
+                    break
                 time.sleep(0.001)
+            yield

@@ -1,9 +1,10 @@
 """Read Serve configs for the measuring tools: a config's stages in this process (the baseline, the
 engine references), or the config itself made ready to deploy from this checkout.
 
-The tools serve one model at a time, named `CONFIG@NAME`: NAME is a model of the config's graph
-application (`configs/cpu-tiny.yaml@tiny-llava`) or one of its applications (`@vision-app`, in configs
-with one model per application); without it, the first application's first model.
+The tools serve one model at a time, named `CONFIG[@NAME]` (`parse_selection`; CONFIG by default
+configs/cpu-tiny.yaml): NAME is a model of the config's graph application (`configs/cpu-tiny.yaml@tiny-llava`)
+or one of its applications (`@vision-app`, in configs with one model per application); without it, the
+first application's first model.
 `python -m load.serve_config configs/cpu-tiny.yaml@tiny-chat > /tmp/tiny-chat.yaml` writes that
 selection as a config of its own (the text app alone: `make serve CONFIG=/tmp/tiny-chat.yaml`).
 """
@@ -24,6 +25,13 @@ from serve_app.graph_args import STAGES, deployment_name
 
 GRAPH_IMPORT_PATH = "deployments.graph:build_app"
 HEALTH_IMPORT_PATH = "deployments.health:build_health_app"
+DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
+
+
+def parse_selection(arg: str | None) -> tuple[str, str | None]:
+    """`CONFIG[@NAME]` -> (config file, model or application name, or None for the first model)."""
+    config, _, name = (arg or "").partition("@")
+    return config or DEFAULT_CONFIG, name or None
 
 
 def graph_apps(config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -98,9 +106,9 @@ def pin_local_paths(config: dict[str, Any], root: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Print the Serve config of one model of a config (YAML).")
     parser.add_argument("config", help="CONFIG[@NAME]: a model or application of CONFIG (default its first model)")
-    path, _, name = parser.parse_args(argv).config.partition("@")
+    path, name = parse_selection(parser.parse_args(argv).config)
     with open(path) as f:
-        config = select(yaml.safe_load(f), name or None, path)
+        config = select(yaml.safe_load(f), name, path)
     yaml.safe_dump(config, sys.stdout, sort_keys=False)
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from load.ports import free_port
+from load.serve_config import load_in_process, parse_selection
 
 
 @dataclass(frozen=True)
@@ -43,18 +44,11 @@ class LaunchSpec:
 # Ray runs the graph's workers at nice 15 (RAY_worker_niceness); servers started here get the same,
 # so that on a shared machine neither side wins the CPU by priority alone.
 NICE = ["nice", "-n", "15"]
-DEFAULT_CONFIG = "configs/cpu-tiny.yaml"
-
-
-def config_and_app(arg: str | None) -> tuple[str, str | None]:
-    """`CONFIG[@MODEL]` -> (config file, model or application name, or None for the first model)."""
-    config, _, app = (arg or "").partition("@")
-    return config or DEFAULT_CONFIG, app or None
 
 
 def baseline(arg: str | None) -> LaunchSpec:
     """The single-process baseline (`load/baseline.py`) of a config's model, on a free port."""
-    config, app = config_and_app(arg)
+    config, app = parse_selection(arg)
     port = free_port()
     command = [*NICE, sys.executable, "-m", "load.baseline", "--port", str(port), "--config", config]
     if app is not None:
@@ -64,10 +58,9 @@ def baseline(arg: str | None) -> LaunchSpec:
 
 def vllm(arg: str | None) -> LaunchSpec:
     """`vllm serve` of a config's model, with the same engine settings and env vars."""
-    from load.serve_config import load_in_process
     from serve_app.stages.engine_placement import cpu_has_native_bf16, resolve_dtype
 
-    args = load_in_process(*config_and_app(arg))  # also sets the config's env vars, which the child inherits
+    args = load_in_process(*parse_selection(arg))  # also sets the config's env vars, which the child inherits
     port = free_port()
     engine = args.engine
     # The dtype the graph's llm stage resolves `auto` to on this machine (vLLM's own `auto` keeps the
@@ -95,7 +88,7 @@ def graph(arg: str | None) -> LaunchSpec:
     """
     from load.graph_launcher import one_app_config, route_prefix
 
-    config, app = config_and_app(arg)
+    config, app = parse_selection(arg)
     port = free_port()
     command = [sys.executable, "-m", "load.graph_launcher", "--config", config, "--port", str(port)]
     if app is not None:

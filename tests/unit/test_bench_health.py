@@ -8,7 +8,6 @@ import functools
 import itertools
 import multiprocessing
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -101,13 +100,13 @@ def test_unanswered_probes_are_samples() -> None:
 def test_the_stamped_time_leaves_out_the_probes_own_wait_to_read() -> None:
     with answering(itertools.repeat(ok())) as url:
         connection = HealthConnection(url)
-        probe_once([connection])  # connected, and the kernel stamping
-        kernel_stamps.wait_until_stamping()
-        assert connection.send()
-        time.sleep(0.3)  # a probe process waiting for a CPU while the answer waits in the kernel
-        while not connection.readable():
-            pass
-        sample = connection.ended()
+        probe_once([connection])  # connected
+        with kernel_stamps.stamping():
+            assert connection.send()
+            time.sleep(0.3)  # a probe process waiting for a CPU while the answer waits in the kernel
+            while not connection.readable():
+                pass
+            sample = connection.ended()
     assert sample.status == 200 and sample.stamped is not None
     assert 0 < sample.stamped < 0.2 < 0.3 <= sample.latency
     ms = sample.stamped * 1000
@@ -125,13 +124,9 @@ def test_answers_end_by_length_chunks_or_close_and_anything_else_fails() -> None
         b"HTTP/1.0 200 OK\r\nConnection: close\r\n\r\nuntil the end",
         b"SSH-2.0-OpenSSH\r\n\r\n",
     ]
-    # The probe's connection closes and reopens between answers, when no other socket may ask for stamps:
-    # the kernel then turns stamping off and on again, each in deferred work, and a segment in between goes
-    # unstamped. `keeper` asks throughout, as the prober's kept-alive connections to real servers do.
-    with answering(iter(answers)) as url, socket.socket() as keeper:
-        kernel_stamps.ask(keeper)
+    # The probe's connection closes and reopens between answers: stamps stay on only as the prober keeps them.
+    with answering(iter(answers)) as url, kernel_stamps.stamping():
         connection = HealthConnection(url)
-        kernel_stamps.wait_until_stamping()
         samples = [sample for _ in answers for sample in probe_once([connection])]
     assert [(s.status, s.error) for s in samples] == [(204, None), (200, None), (200, None), (200, None), (200, None),
                                                       (None, "ValueError")]  # fmt: skip

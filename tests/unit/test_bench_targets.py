@@ -107,19 +107,6 @@ def test_baseline_command() -> None:
     assert targets.baseline(None).command[-1] == "configs/cpu-tiny.yaml"
 
 
-@pytest.mark.parametrize(
-    ("arg", "config", "app"),
-    [
-        (None, "configs/cpu-tiny.yaml", None),
-        ("configs/other.yaml", "configs/other.yaml", None),
-        ("configs/cpu-tiny.yaml@tiny-llava", "configs/cpu-tiny.yaml", "tiny-llava"),
-        ("@tiny-llava", "configs/cpu-tiny.yaml", "tiny-llava"),
-    ],
-)
-def test_config_and_app(arg: str | None, config: str, app: str | None) -> None:
-    assert targets.config_and_app(arg) == (config, app)
-
-
 def test_baseline_command_selects_the_app() -> None:
     cmd = targets.baseline("configs/cpu-tiny.yaml@tiny-llava").command
     assert cmd[cmd.index("--config") + 1] == "configs/cpu-tiny.yaml"

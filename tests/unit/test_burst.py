@@ -114,14 +114,14 @@ async def test_the_arrival_is_the_kernels_stamp_not_when_the_loop_reads() -> Non
     listener = socket.create_server(("127.0.0.1", 0))
     ours = await connect(socket.AF_INET, listener.getsockname())
     theirs, _ = listener.accept()
-    kernel_stamps.wait_until_stamping()  # `ours` asks for them
-    reception = Reception(ours)
-    await reception.send(b"GET / HTTP/1.1\r\n\r\n")
-    theirs.recv(100)  # read before closing, or the close resets the connection
-    theirs.sendall(REFUSAL)
-    theirs.close()
-    time.sleep(0.3)  # this loop is busy: the answer waits in the kernel
-    await asyncio.wait_for(reception.done, 5)
+    with kernel_stamps.stamping():
+        reception = Reception(ours)
+        await reception.send(b"GET / HTTP/1.1\r\n\r\n")
+        theirs.recv(100)  # read before closing, or the close resets the connection
+        theirs.sendall(REFUSAL)
+        theirs.close()
+        time.sleep(0.3)  # this loop is busy: the answer waits in the kernel
+        await asyncio.wait_for(reception.done, 5)
     listener.close()
     answer = reception.result(time.perf_counter())
     assert isinstance(answer, Answer) and answer.arrival_s is not None

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import yaml
-from ray.serve._private.build_app import build_app as serve_build
 from ray.serve.schema import ServeDeploySchema
 
 from deployments.graph import build_app, check_transport_fits
@@ -17,6 +16,7 @@ from load.serve_config import GRAPH_IMPORT_PATH, HEALTH_IMPORT_PATH, graph_apps
 from serve_app.config import parse_app_args
 from serve_app.graph_health import GraphHealthArgs
 from serve_app.strict_args import ConfigError, parse_args
+from tests.unit.config_support import assert_deployments_are_the_builders
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -44,9 +44,7 @@ def test_config_is_a_valid_serve_config_with_valid_args(path: Path) -> None:
         if app.import_path == HEALTH_IMPORT_PATH:
             continue  # test_the_health_app_watches_every_graph_app
         assert app.import_path == GRAPH_IMPORT_PATH
-        # Serve applies the YAML's `deployments:` by name to what the builder binds: the same names, exactly.
-        built = serve_build(build_app(app.args), name=app.name)
-        assert sorted(d["name"] for d in raw["deployments"]) == sorted(d.name for d in built.deployments)
+        assert_deployments_are_the_builders(raw)
         for deployment in raw["deployments"]:
             assert "max_ongoing_requests" in deployment
             assert "max_queued_requests" in deployment

@@ -12,8 +12,7 @@ def test_a_read_carries_the_arrival_not_the_read() -> None:
     with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as ours:
         kernel_stamps.ask(ours)
         theirs, _ = server.accept()
-        with theirs:
-            kernel_stamps.wait_until_stamping()
+        with theirs, kernel_stamps.stamping():
             sent = time.time()
             theirs.sendall(b"answer")
             time.sleep(0.3)  # a reader late by this much

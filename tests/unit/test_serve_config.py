@@ -1,4 +1,4 @@
-"""load/serve_config.py's command: one model of a config, as a Serve config of its own."""
+"""load/serve_config.py's selection of one model of a config, and its command that prints it as a Serve config."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ray.serve._private.build_app import build_app as serve_build
 from ray.serve.schema import ServeDeploySchema
 
-from deployments.graph import build_app
-from load.serve_config import main
+from load.serve_config import main, parse_selection
+from tests.unit.config_support import assert_deployments_are_the_builders
 
 
 def test_the_text_app_alone_is_a_config_serve_runs(capsys: pytest.CaptureFixture[str]) -> None:
@@ -20,12 +19,8 @@ def test_the_text_app_alone_is_a_config_serve_runs(capsys: pytest.CaptureFixture
     assert health.args == {"applications": ["openai"]}
     assert [m["model"]["served_model_name"] for m in app.args["models"]] == ["tiny-chat"]
     assert app.args["models"][0]["model"]["path"] == "models/tiny-chat"  # as `make serve` finds it, from the root
-    # Serve applies `deployments:` by name to what the builder binds: the same names, exactly.
-    built = serve_build(build_app(app.args), name=app.name)
-    assert sorted(d.name for d in built.deployments) == ["ingress", "tiny-chat-llm", "tiny-chat-tokenizer"]
-    assert sorted(d["name"] for d in config["applications"][0]["deployments"]) == sorted(
-        d.name for d in built.deployments
-    )
+    built = assert_deployments_are_the_builders(config["applications"][0])
+    assert built == ["ingress", "tiny-chat-llm", "tiny-chat-tokenizer"]
     assert config["http_options"] == yaml.safe_load(Path("configs/cpu-tiny.yaml").read_text())["http_options"]
 
 
@@ -33,3 +28,16 @@ def test_an_unknown_name_is_named(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit, match="no model or application 'nope'"):
         main(["configs/cpu-tiny.yaml@nope"])
     assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize(
+    ("arg", "config", "name"),
+    [
+        (None, "configs/cpu-tiny.yaml", None),
+        ("configs/other.yaml", "configs/other.yaml", None),
+        ("configs/cpu-tiny.yaml@tiny-llava", "configs/cpu-tiny.yaml", "tiny-llava"),
+        ("@tiny-llava", "configs/cpu-tiny.yaml", "tiny-llava"),
+    ],
+)
+def test_a_selection_is_a_config_and_a_name(arg: str | None, config: str, name: str | None) -> None:
+    assert parse_selection(arg) == (config, name)
