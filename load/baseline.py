@@ -12,7 +12,7 @@ import asyncio
 
 import uvicorn
 
-from load.serve_config import load_in_process
+from load.serve_config import DEFAULT_CONFIG, load_in_process
 from serve_app.codecs.orpheus import OrpheusLayout
 from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.clients import TokenizerClient
@@ -45,7 +45,7 @@ class LoopTokenizer:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--config", default="configs/cpu-tiny.yaml")
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--app", default=None, help="model (or application) of the config (default: its first model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)

@@ -24,7 +24,7 @@ from typing import Any
 
 from load.bench.datasets import TEXT_INPUT_LEN, positive_int
 from load.offline import word_dataset, write_result
-from load.serve_config import load_in_process
+from load.serve_config import DEFAULT_CONFIG, load_in_process
 from serve_app.config import AppArgs
 from serve_app.ingress.speech.serving import speech_sampling
 from serve_app.messages import GenerateRequest, SamplingSpec
@@ -36,7 +36,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m load.ceiling", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--config", default="configs/cpu-tiny.yaml")
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--app", default="tiny-chat", help="the model of --config whose engine is measured")
     parser.add_argument("--requests", type=positive_int, default=256)
     parser.add_argument("--input-len", type=positive_int, default=TEXT_INPUT_LEN, help="prompt words (= tokens)")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from load.serve_config import load_in_process
+from load.serve_config import DEFAULT_CONFIG, load_in_process
 from serve_app.media.images import ImageSize, fit_image
 from serve_app.stages.llm import build_engine
 from serve_app.stages.multimodal import load_hf_processor
@@ -66,7 +66,7 @@ async def measure(opts: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/cpu-tiny.yaml")
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--app", default="tiny-llava", help="a vision model of --config")
     parser.add_argument("--size", default="1024x768", help="the upload's WIDTHxHEIGHT")
     parser.add_argument("--rounds", type=int, default=30)

@@ -25,7 +25,7 @@ import yaml
 
 from deployments.stop import remove_haproxy_node_dirs, remove_orphaned_engine_files, shm_files, stop_serve
 from load.ports import free_port
-from load.serve_config import pin_local_paths, select
+from load.serve_config import DEFAULT_CONFIG, pin_local_paths, select
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def stop_cluster(shutdown: Callable[[], None], cluster: list[psutil.Process], gr
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/cpu-tiny.yaml")
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--app", default=None, help="model (or application) of the config (default: the first model)")
     parser.add_argument("--port", type=int, required=True)
     opts = parser.parse_args()

@@ -42,8 +42,8 @@ def stamp(ancillary: Iterable[tuple[int, int, bytes]]) -> float | None:
 
 @contextmanager
 def stamping(timeout_s: float = 1.0) -> Iterator[None]:
-    """While inside, the kernel stamps the TCP segments it receives for every socket that asks (once on,
-    or after `timeout_s`, with answers then possibly unstamped).
+    """Entered once the kernel stamps the TCP segments it receives (or after `timeout_s`: the first answers
+    may then go unstamped); until the block ends, stamps stay on for every socket that asks.
 
     Linux stamps received packets only while some socket on the machine asks for stamps. It turns that on
     in a deferred work item after the first one asks, and off the same way after the last one closes:

@@ -23,7 +23,7 @@ import httpx
 from load.bench.client import send
 from load.bench.datasets import Prompt
 from load.meta import run_meta, save_result
-from load.serve_config import load_in_process
+from load.serve_config import DEFAULT_CONFIG, load_in_process
 from load.stats import summary_ms
 from serve_app.messages import ChatPrompt, GenerateRequest, SamplingSpec, TokenizeRequest
 from serve_app.stages.llm import LLMStage
@@ -101,7 +101,7 @@ async def run(opts: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--target", action="append", required=True, help="name=url, repeatable")
-    parser.add_argument("--config", default="configs/cpu-tiny.yaml", help="engine args for the direct engine")
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="engine args for the direct engine")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32, help="at least 2: the first token's time is TTFT")

@@ -73,15 +73,16 @@ class _Endless:
         return ""
 
 
-def ingress_app(config: str = "configs/cpu-tiny.yaml") -> Any:
-    """The ingress's app for tiny-chat (uvicorn's `--factory`), with `max_wait_s` 1 s and a work ticket held
-    for good (a 4,000-token generation, ~5 s at the config's rates): every generation request is refused."""
-    from load.serve_config import load_in_process
+def ingress_app() -> Any:
+    """The ingress's app for the default config's tiny-chat (uvicorn's `--factory`), with `max_wait_s` 1 s and
+    a work ticket held for good (a 4,000-token generation, ~5 s at the config's rates): every generation
+    request is refused."""
+    from load.serve_config import DEFAULT_CONFIG, load_in_process
     from serve_app.ingress.app import create_app
     from serve_app.ingress.pipeline.services import Services
     from serve_app.stages.tokenizer import TokenizerStage
 
-    args = load_in_process(config, MODEL)
+    args = load_in_process(DEFAULT_CONFIG, MODEL)
     args = args.model_copy(update={"admission": args.admission.model_copy(update={"max_wait_s": 1.0})})
     services = Services.create(args, TokenizerStage.from_args(args), _Endless())
     assert services.work is not None  # the default config admits tiny-chat by work

@@ -105,7 +105,12 @@ def pin_local_paths(config: dict[str, Any], root: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Print the Serve config of one model of a config (YAML).")
-    parser.add_argument("config", help="CONFIG[@NAME]: a model or application of CONFIG (default its first model)")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        help=f"CONFIG[@NAME]: a model or application of CONFIG (default "
+        f"{DEFAULT_CONFIG}; NAME by default its first model)",
+    )
     path, name = parse_selection(parser.parse_args(argv).config)
     with open(path) as f:
         config = select(yaml.safe_load(f), name, path)

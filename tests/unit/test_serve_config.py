@@ -41,3 +41,9 @@ def test_an_unknown_name_is_named(capsys: pytest.CaptureFixture[str]) -> None:
 )
 def test_a_selection_is_a_config_and_a_name(arg: str | None, config: str, name: str | None) -> None:
     assert parse_selection(arg) == (config, name)
+
+
+def test_without_an_argument_it_is_the_default_configs_first_model(capsys: pytest.CaptureFixture[str]) -> None:
+    main([])
+    (app, _) = yaml.safe_load(capsys.readouterr().out)["applications"]
+    assert [m["model"]["served_model_name"] for m in app["args"]["models"]] == ["tiny-chat"]
