@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
+
+import pytest
 
 from load import kernel_stamps
 
@@ -28,3 +31,10 @@ def test_a_socket_that_did_not_ask_gets_no_stamp() -> None:
             theirs.sendall(b"answer")
             chunk, stamp = kernel_stamps.receive(ours)
     assert (chunk, stamp) == (b"answer", None)
+
+
+def test_stamping_runs_its_block_after_a_timeout_and_lets_its_errors_through() -> None:
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(ValueError, match="the caller's"), kernel_stamps.stamping(timeout_s=0):
+        raise ValueError("the caller's")  # reached: no wait at all, and nothing of ours swallows it
+    assert set(os.listdir("/proc/self/fd")) == before  # its sockets closed
