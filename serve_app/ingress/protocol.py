@@ -8,12 +8,14 @@ server does: a misspelt `max_token` or `temprature` silently ignored gives the c
 request than it asked for. The vLLM extensions we implement are declared fields, so they still work.
 NaN and infinity (Python's JSON parser accepts `NaN`, `Infinity` and overflowing `1e400`) are
 rejected everywhere, and so is text that is not valid Unicode (lone surrogates from `\ud800`
-escapes), which the tokenizers cannot encode.
+escapes), which the tokenizers cannot encode. `null` is not a wrong type for a field with a default:
+it is that default, as OpenAI and vLLM read it.
 """
 
 from __future__ import annotations
 
 import time
+from functools import cache
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -23,8 +25,38 @@ from serve_app.messages import SamplingSpec
 INT64_MAX = 2**63 - 1
 
 
+def _null_in_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """The JSON schema (OpenAPI) says what `_null_is_the_default` takes: `null` for a field with a default."""
+    properties = schema.get("properties", {})
+    for name in _defaulted_fields(model):
+        if name in properties:
+            accepted = properties[name]
+            outer = {key: accepted.pop(key) for key in ("title", "description", "default") if key in accepted}
+            properties[name] = {"anyOf": [accepted, {"type": "null"}], **outer}
+
+
 class OpenAIModel(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, json_schema_extra=_null_in_schema)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        """`null` for a field with a default is that default, as in OpenAI's API and vLLM's (which declares
+        such fields optional): clients send the options they leave unset as null (`"stream": null`)."""
+        if isinstance(data, dict) and None in data.values():
+            defaulted = _defaulted_fields(cls)
+            return {key: value for key, value in data.items() if value is not None or key not in defaulted}
+        return data
+
+
+@cache
+def _defaulted_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The names of `model`'s fields whose default is not None."""
+    return frozenset(
+        name
+        for name, field in model.model_fields.items()
+        if field.default_factory is not None or (not field.is_required() and field.default is not None)
+    )
 
 
 def _invalid_text(value: Any, path: str) -> str | None:

@@ -76,7 +76,9 @@ class ImageFetcher:
                     f"Fetching the image from {_host_of(url)} timed out after {self._config.fetch.timeout_s} s.",
                     code="image_fetch_failed",
                 ) from exc
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, UnicodeError) as exc:
+                # UnicodeError: httpx reads a redirect's Location even when not following it, and a malformed
+                # punycode host there (`xn--`) fails to decode.
                 raise BadRequestError(
                     f"Fetching the image from {_host_of(url)} failed: {type(exc).__name__}: {exc}",
                     code="image_fetch_failed",
@@ -141,6 +143,10 @@ class ImageFetcher:
                 timeout=self._config.fetch.timeout_s,
                 # Images are compressed already; identity keeps a gzip bomb from inflating past the size limit.
                 headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"},
+                # No connection outlives its fetch: the pool would key it by the checked IP alone, so a TLS
+                # connection verified for one name would be reused for another name on the same IP (a CDN)
+                # without that name's certificate ever being checked.
+                limits=httpx.Limits(max_keepalive_connections=0),
             )
         host = url.raw_host.decode("ascii")
         # The request goes to the checked IP; Host and TLS SNI/certificate checks still use the real name.
@@ -204,14 +210,15 @@ def _open_nonblocking(path: str, flags: int) -> int:
 def _parse_http_url(url: str, base: httpx.URL | None = None) -> httpx.URL:
     try:
         parsed = base.join(url) if base is not None else httpx.URL(url)
-    except httpx.InvalidURL as exc:
+        host = parsed.host  # decodes a punycode host: a malformed one (`xn--`) raises a UnicodeError here
+    except (httpx.InvalidURL, UnicodeError) as exc:
         raise BadRequestError(f"The image URL is not a valid URL: {exc}", code="invalid_image_url") from exc
     if parsed.scheme not in ("http", "https"):
         # Redirects land here too: a redirect to file:// or gopher:// is never followed.
         raise BadRequestError(f"Image URLs must be http(s), not {parsed.scheme[:16]!r}.", code="url_not_allowed")
     if parsed.userinfo:
         raise BadRequestError("Image URLs must not contain credentials (user:password@).", code="url_not_allowed")
-    if not parsed.host:
+    if not host:
         raise BadRequestError("The image URL has no host.", code="invalid_image_url")
     return parsed
 
@@ -219,7 +226,7 @@ def _parse_http_url(url: str, base: httpx.URL | None = None) -> httpx.URL:
 def _host_of(url: str) -> str:
     try:
         return httpx.URL(url).host or "the image URL"
-    except httpx.InvalidURL:
+    except (httpx.InvalidURL, UnicodeError):
         return "the image URL"
 
 

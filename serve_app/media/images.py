@@ -30,7 +30,8 @@ def decode_image(data: bytes, config: MultimodalConfig, fit: ImageSize | None = 
 
     With `fit`, a JPEG is decoded at the smallest DCT scale (1/2, 1/4, 1/8) that still leaves it at
     least as large as `fit_image` will make it: a phone photo fitted to a few hundred pixels decodes
-    several times faster, and `fit_image` then resizes from a smaller image.
+    several times faster, and `fit_image` then resizes from a smaller image. An image whose resize for
+    `fit` would exceed `max_image_pixels` is refused before it is decoded.
     """
     if len(data) > config.max_image_bytes:
         raise BadRequestError(
@@ -43,9 +44,10 @@ def decode_image(data: bytes, config: MultimodalConfig, fit: ImageSize | None = 
         # same client mistake as going over our limit, so both become the same 400.
         with Image.open(io.BytesIO(data), formats=tuple(config.formats)) as opened:
             _check_pixels(opened.size, config)
-            if fit is not None and opened.format == "JPEG":
-                target = _resize_target(*opened.size, fit)
-                if target is not None:
+            target = None if fit is None else _resize_target(*opened.size, fit)
+            if fit is not None and target is not None:
+                _check_fitted_pixels(opened.size, target, config)
+                if opened.format == "JPEG":
                     # Square: EXIF orientation may still swap width and height. A shortest-edge fit only
                     # needs the shorter side, whichever it is, to stay at least that edge.
                     side = fit.shortest_edge or max(target)
@@ -71,6 +73,19 @@ def _check_pixels(size: tuple[int, int], config: MultimodalConfig) -> None:
         raise BadRequestError(
             f"The image is {width}x{height} = {width * height} pixels, more than the limit of "
             f"{config.max_image_pixels} pixels.",
+            code="image_too_large",
+        )
+
+
+def _check_fitted_pixels(size: tuple[int, int], target: tuple[int, int], config: MultimodalConfig) -> None:
+    """The resize before the crop is as large as the aspect ratio makes it: a 1 x 5,000,000 image (10 KB as
+    a PNG) fitted to a 336-pixel shortest edge would be 336 x 1.68e9 pixels, allocated before any crop."""
+    width, height = target
+    if width * height > config.max_image_pixels:
+        raise BadRequestError(
+            f"The image is {size[0]}x{size[1]}; fitting it to the model's image size would resize it to "
+            f"{width}x{height} = {width * height} pixels, more than the limit of {config.max_image_pixels} "
+            "pixels. Crop it to a less extreme aspect ratio.",
             code="image_too_large",
         )
 

@@ -92,6 +92,22 @@ def _message_parts(content: Any, index: int) -> Any:
     return parts
 
 
+def _developer_as_system(messages: list[dict[str, Any]], template: str) -> list[dict[str, Any]]:
+    """OpenAI's `developer` role as vLLM renders it: a template that never names the role gets those
+    messages as `system` ones, and then all system messages as one at the start when they are not a
+    single first message, which some templates require (vLLM's `safe_apply_chat_template`)."""
+    roles = [m["role"] for m in messages]
+    if "developer" not in roles or '"developer"' in template or "'developer'" in template:
+        return messages
+    system = [m for m in messages if m["role"] in ("system", "developer")]
+    rest = [m for m in messages if m["role"] not in ("system", "developer")]
+    if len(system) == 1 and roles[0] == "developer":
+        return [{**system[0], "role": "system"}, *rest]
+    texts = (c if isinstance(c, str) else "\n".join(p.get("text", "") for p in c if p.get("type") == "text")
+             for c in (m["content"] for m in system))  # fmt: skip
+    return [{"role": "system", "content": "\n\n".join(text for text in texts if text)}, *rest]
+
+
 def max_chars_per_token(tok: Any) -> int | None:
     """The most characters of prompt text that one token can stand for, or None where no bound holds.
 
@@ -232,8 +248,10 @@ class TokenizerStage:
                 "continue_final_message and add_generation_prompt cannot both be true.",
                 param="continue_final_message",
             )
-        if getattr(tok, "chat_template", None) is None:
+        template = getattr(tok, "chat_template", None)
+        if template is None:
             raise BadRequestError("This model has no chat template; use /v1/completions.", param="messages")
+        messages = _developer_as_system(messages, str(template))
         try:
             rendered = tok.apply_chat_template(
                 messages,

@@ -91,8 +91,15 @@ def test_bad_requests_are_400_openai_errors(
 
 @pytest.mark.parametrize(
     "fields",
-    [{"top_k": 0}, {"top_k": -1}, {"stream_options": {}}, {"top_logprobs": 0}, {"max_tokens": 128}],
-    ids=["top_k 0", "top_k -1", "empty stream_options", "top_logprobs 0", "max_tokens past the room"],
+    [
+        {"top_k": 0},
+        {"top_k": -1},
+        {"stream_options": {}},
+        {"top_logprobs": 0},
+        {"max_tokens": 128},
+        {"n": None, "stream": None, "logprobs": None, "stream_options": {"include_usage": None}},
+    ],
+    ids=["top_k 0", "top_k -1", "empty stream_options", "top_logprobs 0", "max_tokens past the room", "nulls"],
 )
 def test_what_vllm_accepts_is_accepted(client: TestClient, fake_llm: Any, fields: dict[str, Any]) -> None:
     assert client.post(CHAT, json={"messages": HI, **fields}).status_code == 200

@@ -185,6 +185,41 @@ async def test_cookies_are_not_kept(port: int) -> None:
         await fetcher.aclose()
 
 
+async def test_no_connection_is_reused_across_fetches() -> None:
+    # A keep-alive server: the fetcher must still open a connection a fetch (see `_stream`'s limits).
+    peers: list[int] = []
+
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peers.append(writer.get_extra_info("peername")[1])
+        try:
+            while await reader.readuntil(b"\r\n\r\n"):
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(PNG) + PNG)
+        except asyncio.IncompleteReadError:
+            writer.close()
+
+    server = await asyncio.start_server(keep_alive, "127.0.0.1", 0)
+    fetcher = ImageFetcher(config(allowed_hosts=["127.0.0.1"]))
+    try:
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/img.png"
+        assert [await fetcher.fetch(url) for _ in range(2)] == [PNG, PNG]
+    finally:
+        await fetcher.aclose()
+        server.close()
+    assert len(set(peers)) == 2
+
+
+@pytest.mark.parametrize(
+    ("url", "code"),
+    [
+        ("https://xn--zz.example/img.png", "invalid_image_url"),
+        ("http://xn--/", "invalid_image_url"),
+        ("http://127.0.0.1:{port}/to?http://xn--/", "image_fetch_failed"),  # the image server's redirect
+    ],
+)
+async def test_malformed_punycode_host_is_a_400(port: int, url: str, code: str) -> None:
+    assert (await refused(url.format(port=port), allowed_hosts=["127.0.0.1"])).code == code
+
+
 async def test_unresolvable_host(resolve_as: Any) -> None:
     resolve_as({})
     error = await refused("https://nowhere.test/img.png")

@@ -47,6 +47,29 @@ def test_decompression_bomb_is_rejected_from_the_header(monkeypatch: pytest.Monk
     assert "36000000 pixels" in error.message
 
 
+def test_extreme_aspect_ratio_is_refused_before_its_resize_is_allocated(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 5 M pixels, under the limit, but a 56-pixel shortest edge makes it 56 x 280 M before the crop.
+    sliver = blank_bilevel_png(1, 5_000_000)
+    assert len(sliver) < 20_000
+
+    def no_decoding(self: Any) -> None:
+        raise AssertionError("pixels were decoded")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
+    fit = ImageSize(shortest_edge=56, crop_height=56, crop_width=56)
+    with pytest.raises(BadRequestError) as info:
+        decode_image(sliver, CONFIG, fit)
+    assert info.value.code == "image_too_large"
+    assert "56x280000000" in info.value.message
+    monkeypatch.undo()
+    # The same ratio within the limit is fitted as before: 1 x 1,000 fitted to 5 is 5 x 5,000, then cropped.
+    fitted = fit_image(
+        decode_image(blank_bilevel_png(1, 1000), CONFIG, ImageSize(shortest_edge=5)),
+        ImageSize(shortest_edge=5, crop_height=5, crop_width=5),
+    )
+    assert fitted.size == (5, 5)
+
+
 def test_pillows_own_bomb_error_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
     error = rejected(encode(Image.new("L", (100, 100)), "PNG"), MultimodalConfig(max_image_pixels=10**8))

@@ -135,6 +135,8 @@ def test_an_unknown_model_is_a_404(graph: TestClient) -> None:
 def test_without_a_model_a_request_goes_to_the_first_model_able_to_serve_it(graph: TestClient) -> None:
     missing = chat(graph, None)
     assert missing.status_code == 200 and missing.json()["model"] == "tiny-chat"  # the config's first, as vLLM
+    empty = chat(graph, "")  # vLLM's server takes an empty name as none
+    assert empty.status_code == 200 and empty.json()["model"] == "tiny-chat"
     # Speech: the first model that speaks.
     assert graph.get("/v1/audio/voices").json()["voices"] == ["tara", "leo"]
     assert graph.get("/v1/audio/voices", params={"model": "tiny-orpheus"}).json()["voices"] == ["tara", "leo"]

@@ -13,7 +13,13 @@ import pytest
 from serve_app.config import AppArgs
 from serve_app.errors import BadRequestError
 from serve_app.messages import ChatPrompt, TextPrompt, TokenizeRequest
-from serve_app.stages.tokenizer import TokenizerPool, TokenizerStage, load_hf_tokenizer, max_chars_per_token
+from serve_app.stages.tokenizer import (
+    TokenizerPool,
+    TokenizerStage,
+    _developer_as_system,
+    load_hf_tokenizer,
+    max_chars_per_token,
+)
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 CONTEXT = "context_length_exceeded"
@@ -77,6 +83,27 @@ def test_template_flags(
     tokenizer_stage: TokenizerStage, hf_tokenizer: Any, messages: Any, flags: Any, rendered: str
 ) -> None:
     assert hf_tokenizer.decode(tokenizer_stage.tokenize_sync(chat(messages, **flags)).token_ids) == rendered
+
+
+def test_developer_messages_become_one_system_message_as_in_vllm(
+    tokenizer_stage: TokenizerStage, hf_tokenizer: Any
+) -> None:
+    # The tiny template never names `developer`: vLLM renders such messages as system ones, merged first.
+    developer = {"role": "developer", "content": "Be brief."}
+    rendered = hf_tokenizer.decode(tokenizer_stage.tokenize_sync(chat([developer, user("Hi")])).token_ids)
+    assert rendered.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi")
+    parts = {"role": "developer", "content": [{"type": "text", "text": "No lists."}]}
+    rendered = hf_tokenizer.decode(tokenizer_stage.tokenize_sync(chat([SYSTEM, user("Hi"), parts])).token_ids)
+    assert rendered.startswith(
+        "<|im_start|>system\nBe brief.\n\nNo lists.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<"
+    )
+    assert "developer" not in rendered
+    # A template that names the role gets it as it is.
+    messages = [user("Hi"), developer]
+    assert _developer_as_system(messages, "{% if m['role'] == 'developer' %}") is messages
+    # Without a developer message nothing moves, even a system message that is not first.
+    late = hf_tokenizer.decode(tokenizer_stage.tokenize_sync(chat([user("Hi"), SYSTEM])).token_ids)
+    assert late.startswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>system")
 
 
 def test_text_parts_are_joined(tokenizer_stage: TokenizerStage) -> None:

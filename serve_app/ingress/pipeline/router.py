@@ -4,7 +4,7 @@
     ModelRouter.lookup(name)              middlewares (pure ASGI, before the body is parsed): the
                                           model's Services, or None when `name` names none of them
 
-A request without `model` goes, as in vLLM's server, to the first model of the config, or for an
+A request without `model` (or with `""`) goes, as in vLLM's server, to the first model of the config, or for an
 endpoint only some models serve (speech, for `/v1/audio/*`) to the first of those. An unknown model
 is a 404 `model_not_found`.
 What belongs to the front door (API keys, the body size limit, the in-flight backstop, the requests
@@ -58,14 +58,14 @@ class ModelRouter:
         self.max_in_flight = sum(limits) if limits else None
 
     def lookup(self, name: str | None) -> Services | None:
-        """The Services of model `name` (None: of the first model); None when there is no such model."""
-        if name is None:
+        """The Services of model `name` (None or "": of the first model); None when there is no such model."""
+        if not name:
             return next(iter(self.models.values()))
         return self.models.get(name)
 
     def route(self, name: str | None, capability: Capability | None = None) -> Services:
         """The Services of the model a request names (see the module docstring for one without `model`)."""
-        if name is not None:
+        if name:
             services = self.models.get(name)
             if services is None:
                 raise NotFoundError.no_model(name)

@@ -11,7 +11,7 @@ def check_model(services: Services, requested: str | None) -> str:
     """The model's name. The router already answered a name it does not serve; this checks a request that
     reaches a serving function in-process, without the router."""
     name = services.args.model.name
-    if requested is not None and requested != name:
+    if requested and requested != name:
         raise NotFoundError.no_model(requested)
     return name
 
