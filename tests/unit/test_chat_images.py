@@ -18,6 +18,7 @@ from serve_app.ingress.app import create_app
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import ImagesRequest
 from serve_app.stages.tokenizer import TokenizerStage
+from tests.unit.admission_support import RATES
 from tests.unit.conftest import FakeLLM
 from tests.unit.media_support import TOKENS_PER_IMAGE, FakeMultimodal, image_message
 
@@ -113,3 +114,20 @@ def test_an_oversized_chunked_body_is_413(vision_client: TestClient) -> None:
     response = vision_client.post(CHAT, content=chunks(), headers={"Content-Type": "application/json"})
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_admission_learns_tokens_per_character_from_the_text_alone(
+    vision_args: Any, vision_tokenizer: TokenizerStage, multimodal: FakeMultimodal
+) -> None:
+    # Admission weighs an image's tokens apart from its text's: learning them as text would weigh every later
+    # prompt character as if it came with a share of an image.
+    args = vision_args.model_copy(update={"admission": RATES})
+    learned = []
+    for messages in (image_message("data:a", "data:b"), [{"role": "user", "content": "What is this?"}]):
+        services = Services.create(args, vision_tokenizer, FakeLLM(), multimodal)
+        assert services.work is not None
+        response = TestClient(create_app(services)).post(CHAT, json={"messages": messages, "max_tokens": 1})
+        assert response.status_code == 200, response.text
+        learned.append(services.work.tokens_per_char)
+    with_images, text_alone = learned
+    assert with_images == pytest.approx(text_alone, abs=0.05), learned  # the placeholders' newlines at most

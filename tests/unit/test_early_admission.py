@@ -31,6 +31,9 @@ def test_weigh_reads_the_first_prompt_and_the_generation_budget() -> None:
     assert weigh("/v1/completions", {"prompt": [[1, 2], [3]]}) == Weight(0, 2, 16, 1, False, "prompt")
     assert weigh("/v1/completions", {"prompt": "ab", "max_tokens": None}) == Weight(2, None, 16, 1, False, "prompt")
     assert weigh("/v1/chat/completions", {"messages": []}) == Weight(0, None, None, 1, False, "messages")
+    # A null max_completion_tokens beside max_tokens: max_tokens, as the chat route reads it.
+    both = {"messages": [], "max_tokens": 5, "max_completion_tokens": None}
+    assert weigh("/v1/chat/completions", both) == Weight(0, None, 5, 1, False, "messages")
 
 
 @pytest.mark.parametrize(
@@ -169,13 +172,16 @@ async def test_a_prompt_that_cannot_fit_the_context_is_a_400_before_any_tokenizi
     assert services.work.live == 0
 
 
-@pytest.mark.parametrize("param", ["n", "max_tokens"])
+@pytest.mark.parametrize(("param", "cap"), [("n", None), ("max_tokens", None), ("max_tokens", 80)])
 async def test_an_n_or_a_budget_past_the_limit_is_the_routes_400_not_an_overload(
-    gated: tuple[Services, CountingTokenizer, HeldLLM], param: str
+    gated: tuple[Services, CountingTokenizer, HeldLLM], param: str, cap: int | None
 ) -> None:
-    services, _, llm = gated
-    # Weighed, either would not fit behind the held request: n x 40 tokens, or the room a prompt leaves.
-    past = {"n": services.args.limits.max_n + 1, "max_tokens": services.args.model.max_model_len + 1}[param]
+    services, tokenizer, llm = gated
+    if cap is not None:  # `limits.max_tokens`: a budget under the context but over the cap
+        args = services.args.model_copy(update={"limits": services.args.limits.model_copy(update={"max_tokens": cap})})
+        services = Services.create(args, tokenizer, llm)
+    # Weighed, each would not fit behind the held request: n x 40 tokens, the room a prompt leaves, the cap.
+    past = services.args.limits.max_n + 1 if param == "n" else (cap or services.args.model.max_model_len) + 1
     transport = httpx.ASGITransport(app=create_app(services))
     async with httpx.AsyncClient(transport=transport, base_url="http://graph") as client:
         held = asyncio.create_task(client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 40}))

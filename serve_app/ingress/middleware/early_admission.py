@@ -76,7 +76,9 @@ class Weight:
 def weigh(path: str, body: dict[str, Any]) -> Weight | None:
     """The first prompt of a chat or completion body, or None when the body is not of a shape the route
     accepts (the route will say what is wrong)."""
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:  # absent or null: `max_tokens`, as the chat route reads it
+        max_tokens = body.get("max_tokens")
     if max_tokens is None and path == "/v1/completions":
         max_tokens = DEFAULT_MAX_TOKENS  # its route's budget when unset or null
     n = body.get("n", 1)
@@ -163,7 +165,8 @@ class EarlyAdmission:
         weight = weigh(path, body)
         if services is None or services.work is None or weight is None:
             return None
-        if weight.n > services.args.limits.max_n or (weight.max_tokens or 0) > services.args.model.max_model_len:
+        limits, budget = services.args.limits, weight.max_tokens or 0
+        if weight.n > limits.max_n or budget > min(services.args.model.max_model_len, limits.max_tokens or budget):
             return None  # the route's 400 names `n` or the budget; weighed here, it could be refused as an overload
         deadline_s = _deadline_s(services.args.limits, scope)
         if deadline_s is not None and deadline_s <= 0:

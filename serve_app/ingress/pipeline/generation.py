@@ -186,7 +186,8 @@ async def start_generation(
     request = GenerateRequest(request_id, tokenized.token_ids, spec, images or [], deadline)
     if ticket is not None and services.work is not None:
         prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
-        services.work.learn(prompt_chars(tokenize.prompt), prompt_tokens)
+        # Tokens per character of text: the images' tokens are weighed apart (`admit_work`'s extra_tokens).
+        services.work.learn(prompt_chars(tokenize.prompt), prompt_tokens - sum(tokenize.image_tokens))
         ticket.resize(prompt_tokens, spec.max_tokens * spec.n)
     generator = _in_flight(metrics, "llm", services.llm.generate(request), ticket)
     try:
@@ -222,7 +223,11 @@ def admit_work(services: Services, tokenize: TokenizeRequest, deadline: Deadline
     (`work_admission.py`), or OverloadedError."""
     if services.work is None:
         return None
-    DeadlineExceededError.check(deadline, "ingress")  # a 504, not an overload, once it passed
+    try:
+        DeadlineExceededError.check(deadline, "ingress")  # a 504, not an overload, once it passed
+    except DeadlineExceededError:
+        services.metrics.rejections.labels("ingress", "deadline").inc()  # as `within` counts the others
+        raise
     early = take_early_ticket()  # weighed on arrival, before parsing (`early_admission.py`)
     if early is not None:
         return early
