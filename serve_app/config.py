@@ -345,6 +345,11 @@ class AppArgs(Strict):
     )
     auth: AuthConfig = Field(default_factory=AuthConfig, description="Optional API keys.")
 
+    @property
+    def max_budget(self) -> int:
+        """The most tokens a request may ask to generate: the context, or `limits.max_tokens` if lower."""
+        return min(self.model.max_model_len, self.limits.max_tokens or self.model.max_model_len)
+
     @model_validator(mode="after")
     def _local_paths_absolute(self) -> AppArgs:
         # Replicas do not share the launcher's working directory, so a relative local path is pinned

@@ -29,8 +29,8 @@ def _null_in_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
     """The JSON schema (OpenAPI) says what `_null_is_the_default` takes: `null` for a field with a default."""
     properties = schema.get("properties", {})
     for name in _defaulted_fields(model):
-        if name in properties:
-            accepted = properties[name]
+        accepted = properties.get(name)
+        if accepted is not None and {"type": "null"} not in accepted.get("anyOf", []):
             outer = {key: accepted.pop(key) for key in ("title", "description", "default") if key in accepted}
             properties[name] = {"anyOf": [accepted, {"type": "null"}], **outer}
 

@@ -85,7 +85,7 @@ def _check_fitted_pixels(size: tuple[int, int], target: tuple[int, int], config:
         raise BadRequestError(
             f"The image is {size[0]}x{size[1]}; fitting it to the model's image size would resize it to "
             f"{width}x{height} = {width * height} pixels, more than the limit of {config.max_image_pixels} "
-            "pixels. Crop it to a less extreme aspect ratio.",
+            "pixels.",
             code="image_too_large",
         )
 

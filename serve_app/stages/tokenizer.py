@@ -103,8 +103,19 @@ def _developer_as_system(messages: list[dict[str, Any]], template: str) -> list[
     rest = [m for m in messages if m["role"] not in ("system", "developer")]
     if len(system) == 1 and roles[0] == "developer":
         return [{**system[0], "role": "system"}, *rest]
-    texts = (c if isinstance(c, str) else "\n".join(p.get("text", "") for p in c if p.get("type") == "text")
-             for c in (m["content"] for m in system))  # fmt: skip
+    texts = []
+    for message in system:
+        content = message["content"]
+        if not isinstance(content, str):
+            if any(part.get("type") != "text" for part in content):
+                # vLLM drops such a part, and the engine then gets an image without its placeholder.
+                raise BadRequestError(
+                    "This model's chat template has no developer role, so developer and system messages are "
+                    "merged into one system message, which carries text only: move the image to a user message.",
+                    param="messages",
+                )
+            content = "\n".join(part.get("text", "") for part in content)
+        texts.append(content)
     return [{"role": "system", "content": "\n\n".join(text for text in texts if text)}, *rest]
 
 
@@ -248,10 +259,10 @@ class TokenizerStage:
                 "continue_final_message and add_generation_prompt cannot both be true.",
                 param="continue_final_message",
             )
-        template = getattr(tok, "chat_template", None)
-        if template is None:
+        if getattr(tok, "chat_template", None) is None:
             raise BadRequestError("This model has no chat template; use /v1/completions.", param="messages")
-        messages = _developer_as_system(messages, str(template))
+        # The template apply_chat_template renders (the default one, when a tokenizer has several).
+        messages = _developer_as_system(messages, tok.get_chat_template())
         try:
             rendered = tok.apply_chat_template(
                 messages,

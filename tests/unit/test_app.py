@@ -97,7 +97,7 @@ def test_bad_requests_are_400_openai_errors(
         {"stream_options": {}},
         {"top_logprobs": 0},
         {"max_tokens": 128},
-        {"n": None, "stream": None, "logprobs": None, "stream_options": {"include_usage": None}},
+        {"n": None, "stream": None, "logprobs": None, "max_completion_tokens": None},
     ],
     ids=["top_k 0", "top_k -1", "empty stream_options", "top_logprobs 0", "max_tokens past the room", "nulls"],
 )

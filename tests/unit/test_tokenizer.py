@@ -98,6 +98,10 @@ def test_developer_messages_become_one_system_message_as_in_vllm(
         "<|im_start|>system\nBe brief.\n\nNo lists.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<"
     )
     assert "developer" not in rendered
+    # Merged, an image part would lose its placeholder (vLLM drops it): a 400 instead.
+    image = {"role": "developer", "content": [{"type": "text", "text": "See:"}, {"type": "image"}]}
+    with pytest.raises(BadRequestError, match="move the image to a user message"):
+        _developer_as_system([SYSTEM, image, user("Hi")], "")
     # A template that names the role gets it as it is.
     messages = [user("Hi"), developer]
     assert _developer_as_system(messages, "{% if m['role'] == 'developer' %}") is messages

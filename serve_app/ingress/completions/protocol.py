@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -25,14 +24,6 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
     add_special_tokens: bool = True
     _echo_only: bool = PrivateAttr(default=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_max_tokens(cls, data: Any) -> Any:
-        """`"max_tokens": null` is the default too, as in vLLM (left unset, so no limit names it)."""
-        if isinstance(data, dict) and "max_tokens" in data and data["max_tokens"] is None:
-            return {k: v for k, v in data.items() if k != "max_tokens"}
-        return data
 
     @model_validator(mode="after")
     def _completion_fields(self) -> CompletionRequest:

@@ -48,9 +48,8 @@ def map_values(services: Services) -> dict[str, int] | None:
         return None
     per_char_s, per_token_s, wait_s = services.work.gate_rates()
     args = services.args
-    cap = min(args.model.max_model_len, args.limits.max_tokens or args.model.max_model_len)
     return {"wait_ns": int(wait_s * 1e9), "char_ns": max(1, int(per_char_s * 1e9)),
-            "token_ns": max(1, int(per_token_s * 1e9)), "max_tokens": cap, "max_n": args.limits.max_n,
+            "token_ns": max(1, int(per_token_s * 1e9)), "max_tokens": args.max_budget, "max_n": args.limits.max_n,
             "status": args.admission.status_code, "retry_after": args.admission.retry_after_s}  # fmt: skip
 
 

@@ -81,7 +81,8 @@ def weigh(path: str, body: dict[str, Any]) -> Weight | None:
         max_tokens = body.get("max_tokens")
     if max_tokens is None and path == "/v1/completions":
         max_tokens = DEFAULT_MAX_TOKENS  # its route's budget when unset or null
-    n = body.get("n", 1)
+    n = body.get("n")
+    n = 1 if n is None else n  # absent or null: the route's default
     truncating = body.get("truncate_prompt_tokens") is not None
     if not (max_tokens is None or _is_positive_int(max_tokens)) or not _is_positive_int(n):
         # The route's 400 (weighed here, it could be refused as an overload instead), or max_tokens 0 with
@@ -165,8 +166,7 @@ class EarlyAdmission:
         weight = weigh(path, body)
         if services is None or services.work is None or weight is None:
             return None
-        limits, budget = services.args.limits, weight.max_tokens or 0
-        if weight.n > limits.max_n or budget > min(services.args.model.max_model_len, limits.max_tokens or budget):
+        if weight.n > services.args.limits.max_n or (weight.max_tokens or 0) > services.args.max_budget:
             return None  # the route's 400 names `n` or the budget; weighed here, it could be refused as an overload
         deadline_s = _deadline_s(services.args.limits, scope)
         if deadline_s is not None and deadline_s <= 0:

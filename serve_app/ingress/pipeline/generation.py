@@ -186,8 +186,9 @@ async def start_generation(
     request = GenerateRequest(request_id, tokenized.token_ids, spec, images or [], deadline)
     if ticket is not None and services.work is not None:
         prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
-        # Tokens per character of text: the images' tokens are weighed apart (`admit_work`'s extra_tokens).
-        services.work.learn(prompt_chars(tokenize.prompt), prompt_tokens - sum(tokenize.image_tokens))
+        # Tokens per character of text: the images (a placeholder token each here) are weighed apart
+        # (`admit_work`'s extra_tokens).
+        services.work.learn(prompt_chars(tokenize.prompt), len(tokenized.token_ids) - len(tokenize.image_tokens))
         ticket.resize(prompt_tokens, spec.max_tokens * spec.n)
     generator = _in_flight(metrics, "llm", services.llm.generate(request), ticket)
     try:
