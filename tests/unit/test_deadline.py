@@ -20,7 +20,7 @@ from serve_app.ingress.pipeline.deadline import HEADER, request_deadline, within
 from serve_app.ingress.pipeline.services import Services
 from serve_app.messages import ChoiceDelta, Deadline, GenerateRequest, GenerationChunk, TextPrompt, TokenizeRequest
 from serve_app.stages.tokenizer import TokenizerStage
-from tests.unit.admission_support import RATES
+from tests.unit.admission_support import gated
 from tests.unit.conftest import MODEL_NAME, FakeLLM
 
 CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
@@ -169,8 +169,7 @@ def test_the_config_default_applies_without_a_header(client: TestClient, service
 def test_a_request_late_before_admission_by_work_is_a_counted_504(
     app_args: Any, tokenizer_stage: TokenizerStage
 ) -> None:
-    services = Services.create(app_args.model_copy(update={"admission": RATES}), tokenizer_stage, FakeLLM())
-    client = TestClient(create_app(services))
+    client = TestClient(create_app(gated(app_args, tokenizer_stage)))
     # Passed on arrival: the early admission leaves it to the route, whose admission by work refuses it.
     response = client.post("/v1/chat/completions", json=CHAT, headers={HEADER: "0.000001"})
     assert response.status_code == 504 and response.json()["error"]["code"] == "deadline_exceeded"

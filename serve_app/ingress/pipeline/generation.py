@@ -184,12 +184,12 @@ async def start_generation(
     called_llm = time.perf_counter()
     spec = sampling(tokenized.max_tokens)
     request = GenerateRequest(request_id, tokenized.token_ids, spec, images or [], deadline)
+    num_prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
     if ticket is not None and services.work is not None:
-        prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
         # Tokens per character of text: the images (a placeholder token each here) are weighed apart
         # (`admit_work`'s extra_tokens).
         services.work.learn(prompt_chars(tokenize.prompt), len(tokenized.token_ids) - len(tokenize.image_tokens))
-        ticket.resize(prompt_tokens, spec.max_tokens * spec.n)
+        ticket.resize(num_prompt_tokens, spec.max_tokens * spec.n)
     generator = _in_flight(metrics, "llm", services.llm.generate(request), ticket)
     try:
         async with within(deadline, "llm", metrics.rejections):
@@ -212,7 +212,6 @@ async def start_generation(
     for part, seconds in ttft.items():
         metrics.ttft.labels(part).observe(seconds)
     timings["first_token"] = ttft["total"]
-    num_prompt_tokens = tokenized.num_prompt_tokens or len(tokenized.token_ids)
     metrics.tokens.labels("prompt").inc(num_prompt_tokens)
     return Stream(
         request_id, tokenized.token_ids, num_prompt_tokens, first, generator, metrics, timings, deadline=deadline
